@@ -1,0 +1,1 @@
+//! Shared helpers for Tessera's benchmarks.

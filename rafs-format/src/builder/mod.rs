@@ -1,0 +1,243 @@
+//! Building images: from a directory, from layer tarballs or from an OCI image layout.
+//!
+//! A build has two phases. Sources (`source_dir`, `layer`, `oci_layout`) fill an
+//! in-memory [`tree`] while the [`store`] cuts file data into chunks, deduplicates,
+//! compresses and spools them; then [`writer`] numbers the inodes, lays the chunks out in
+//! reading order and writes the bootstrap and the blob. Memory holds metadata and chunk
+//! digests, never file data beyond one batch, so image size does not bound the build.
+
+mod layer;
+mod oci_layout;
+mod options;
+mod source_dir;
+mod store;
+mod tree;
+mod writer;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use options::BuildOptions;
+use store::ChunkStore;
+use tree::{Meta, Tree};
+
+use crate::{Error, Result};
+
+/// What a build did, for people (`Display`) and machines (`Serialize`).
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildSummary {
+    pub image_dir: PathBuf,
+    pub inodes: u32,
+    pub regular_files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    pub other_files: u64,
+    /// File bytes read from the input (including files a later layer replaced).
+    pub bytes_in: u64,
+    /// Bytes of the files in the final tree.
+    pub file_bytes: u64,
+    /// Chunk references of all files (holes excluded).
+    pub chunks: u64,
+    /// Distinct chunks the image references.
+    pub unique_chunks: u64,
+    /// All-zero pieces stored as holes.
+    pub holes: u64,
+    /// Chunks referenced from the chunk dictionary instead of written again.
+    pub dict_chunks: u64,
+    /// Uncompressed bytes of the unique chunks.
+    pub unique_bytes: u64,
+    /// Stored (compressed) bytes of the unique chunks.
+    pub stored_bytes: u64,
+    /// Bytes this build wrote: the new blob plus the bootstrap.
+    pub bytes_written: u64,
+    pub bootstrap_bytes: u64,
+    /// `sha256:<hex>` of the bootstrap.
+    pub bootstrap_digest: String,
+    /// The blob this build wrote, if any chunk was new.
+    pub new_blob: Option<BlobSummary>,
+    /// Every blob the image references.
+    pub blobs: Vec<BlobSummary>,
+    /// File bytes / unique bytes.
+    pub dedup_ratio: f64,
+    /// Unique bytes / stored bytes.
+    pub compression_ratio: f64,
+    pub seconds: f64,
+    /// Input megabytes (10^6) per second.
+    pub mb_per_s: f64,
+    /// Prefetch paths that are not in the image (skipped).
+    pub prefetch_missing: Vec<String>,
+}
+
+/// A blob's digest and size.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlobSummary {
+    pub digest: String,
+    pub size: u64,
+}
+
+impl std::fmt::Display for BuildSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        writeln!(f, "image {}:", self.image_dir.display())?;
+        writeln!(
+            f,
+            "  files      {} ({} regular, {} directories, {} symlinks, {} other)",
+            self.inodes, self.regular_files, self.directories, self.symlinks, self.other_files
+        )?;
+        writeln!(f, "  bytes in   {:.1} MiB read, {:.1} MiB in the final tree", mib(self.bytes_in), mib(self.file_bytes))?;
+        writeln!(
+            f,
+            "  chunks     {} ({} unique, {} from the chunk dictionary, {} holes)",
+            self.chunks, self.unique_chunks, self.dict_chunks, self.holes
+        )?;
+        writeln!(
+            f,
+            "  written    {:.1} MiB (blob {:.1} MiB + bootstrap {:.1} KiB)",
+            mib(self.bytes_written),
+            mib(self.new_blob.as_ref().map_or(0, |b| b.size)),
+            self.bootstrap_bytes as f64 / 1024.0
+        )?;
+        writeln!(f, "  dedup      {:.2}x, compression {:.2}x", self.dedup_ratio, self.compression_ratio)?;
+        writeln!(f, "  time       {:.2} s, {:.1} MB/s", self.seconds, self.mb_per_s)?;
+        writeln!(f, "  bootstrap  {}", self.bootstrap_digest)?;
+        for b in &self.blobs {
+            writeln!(f, "  blob       {} ({} bytes)", b.digest, b.size)?;
+        }
+        for p in &self.prefetch_missing {
+            writeln!(f, "  warning    prefetch path {p:?} is not in the image; skipped")?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds one image into an image dir.
+#[derive(Debug)]
+pub struct Builder {
+    out_dir: PathBuf,
+    opts: BuildOptions,
+    tree: Tree,
+    store: ChunkStore,
+    layers: u32,
+    started: Instant,
+}
+
+impl Builder {
+    /// Starts a build into `out_dir`, which must be absent or empty.
+    pub fn new(out_dir: &Path, opts: BuildOptions) -> Result<Self> {
+        opts.validate()?;
+        let started = Instant::now();
+        if out_dir.exists() {
+            let mut entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("read output directory", out_dir, e))?;
+            if entries.next().is_some() {
+                return Err(Error::InvalidOption(format!(
+                    "output directory {} is not empty: pass a new or empty directory",
+                    out_dir.display()
+                )));
+            }
+        }
+        let blobs = out_dir.join("blobs");
+        std::fs::create_dir_all(&blobs).map_err(|e| Error::io("create", &blobs, e))?;
+        let spool = tempfile::tempfile_in(&blobs).map_err(|e| Error::io("create chunk spool in", &blobs, e))?;
+        let store = ChunkStore::new(&opts, spool)?;
+        let root = Meta {
+            perm: 0o755,
+            ..Meta::default()
+        };
+        Ok(Builder {
+            out_dir: out_dir.to_path_buf(),
+            opts,
+            tree: Tree::new(root),
+            store,
+            layers: 0,
+            started,
+        })
+    }
+
+    /// Adds a directory tree as the image's content.
+    pub fn add_dir(&mut self, root: &Path) -> Result<()> {
+        self.layers += 1;
+        source_dir::add_dir(&mut self.tree, &mut self.store, root)
+    }
+
+    /// Applies a layer tarball (plain, gzip or zstd) on top of what is there.
+    pub fn add_layer(&mut self, layer: impl Read) -> Result<()> {
+        let index = self.layers;
+        self.layers += 1;
+        let stream = layer::decompressed(layer).map_err(|e| Error::Layer {
+            layer: index as usize,
+            entry: String::new(),
+            reason: format!("read compression header: {e}"),
+        })?;
+        layer::apply_layer(&mut self.tree, &mut self.store, stream, index)
+    }
+
+    /// Applies every layer of an image in an OCI image layout, verifying each.
+    pub fn add_oci_layout(&mut self, layout: &Path, tag: Option<&str>) -> Result<()> {
+        let image = oci_layout::open(layout, tag)?;
+        for desc in &image.layers {
+            let mut reader = oci_layout::open_layer(layout, desc)?;
+            self.add_layer(&mut reader)?;
+            let (digest, size) = reader
+                .finish()
+                .map_err(|e| Error::io("read layer", oci_layout::blob_path(layout, desc.digest().as_ref()).unwrap_or_default(), e))?;
+            if digest != desc.digest().to_string() || size != desc.size() {
+                return Err(Error::OciLayout {
+                    path: layout.to_path_buf(),
+                    reason: format!(
+                        "layer {} ({} bytes) has digest {digest} and {size} bytes",
+                        desc.digest(),
+                        desc.size()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the bootstrap and blob and reports what was done.
+    pub fn finish(mut self) -> Result<BuildSummary> {
+        let params = writer::WriteParams {
+            out_dir: &self.out_dir,
+            digest: self.opts.digest,
+            chunking: self.opts.chunking,
+            prefetch: &self.opts.prefetch,
+        };
+        let w = writer::write(&self.tree, &mut self.store, &params)?;
+        let seconds = self.started.elapsed().as_secs_f64();
+        let bytes_in = self.store.stats.bytes_in;
+        let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+        let blob = |(d, s): &([u8; 32], u64)| BlobSummary {
+            digest: format!("sha256:{}", hex::encode(d)),
+            size: *s,
+        };
+        Ok(BuildSummary {
+            image_dir: self.out_dir.clone(),
+            inodes: w.inodes,
+            regular_files: w.regular_files,
+            directories: w.directories,
+            symlinks: w.symlinks,
+            other_files: w.others,
+            bytes_in,
+            file_bytes: w.file_bytes,
+            chunks: w.chunk_refs,
+            unique_chunks: w.unique_chunks,
+            holes: w.holes,
+            dict_chunks: w.dict_chunks,
+            unique_bytes: w.unique_bytes,
+            stored_bytes: w.stored_bytes,
+            bytes_written: w.new_blob.map_or(0, |b| b.1) + w.bootstrap_bytes,
+            bootstrap_bytes: w.bootstrap_bytes,
+            bootstrap_digest: format!("sha256:{}", hex::encode(w.bootstrap_sha256)),
+            new_blob: w.new_blob.as_ref().map(blob),
+            blobs: w.blobs.iter().map(blob).collect(),
+            dedup_ratio: ratio(w.file_bytes - w.holes_bytes, w.unique_bytes),
+            compression_ratio: ratio(w.unique_bytes, w.stored_bytes),
+            seconds,
+            mb_per_s: bytes_in as f64 / 1e6 / seconds.max(1e-9),
+            prefetch_missing: w.prefetch_missing,
+        })
+    }
+}

@@ -1,0 +1,54 @@
+//! What a build can be asked to do.
+
+use std::path::PathBuf;
+
+pub use crate::chunk::Chunking;
+use crate::chunk::{Compression, DigestAlgo};
+use crate::{Error, Result};
+
+/// Options of one build. `Default` is what `tessera build` does without flags.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub chunking: Chunking,
+    pub compression: Compression,
+    /// zstd level (1..=22) or gzip level (0..=9).
+    pub compression_level: i32,
+    pub digest: DigestAlgo,
+    /// An image dir whose chunks are referenced rather than stored again.
+    pub chunk_dict: Option<PathBuf>,
+    /// Paths (from the image root) whose data readers will want first.
+    pub prefetch: Vec<String>,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        BuildOptions {
+            chunking: Chunking::default(),
+            compression: Compression::Zstd,
+            compression_level: 9,
+            digest: DigestAlgo::Sha256,
+            chunk_dict: None,
+            prefetch: Vec::new(),
+        }
+    }
+}
+
+impl BuildOptions {
+    /// Checks the options, naming the first one that is not allowed.
+    pub fn validate(&self) -> Result<()> {
+        self.chunking.validate().map_err(Error::InvalidOption)?;
+        let levels = match self.compression {
+            Compression::Zstd => 1..=22,
+            Compression::Gzip => 0..=9,
+            Compression::None => i32::MIN..=i32::MAX,
+        };
+        if !levels.contains(&self.compression_level) {
+            return Err(Error::InvalidOption(format!(
+                "{} level {} is out of range {levels:?}",
+                self.compression.name(),
+                self.compression_level
+            )));
+        }
+        Ok(())
+    }
+}

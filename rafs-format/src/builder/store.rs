@@ -1,0 +1,289 @@
+//! The chunk store of a build: cuts file data into chunks, deduplicates them, compresses
+//! the new ones (in parallel) and spools them to a temporary file.
+//!
+//! Chunks land in the spool in the order files arrive; `writer` later copies the live
+//! ones into the final blob in the order a reader will want them (prefetch list first),
+//! which also drops data of files that a later layer replaced or deleted.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::ops::Range;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::options::{BuildOptions, Chunking};
+use crate::chunk::{compress, Compression, DigestAlgo};
+use crate::layout::HOLE;
+use crate::reader::{Bootstrap, LocalBlobs};
+use crate::{Error, Result};
+
+/// Chunk data is batched up to this many bytes before hashing and compressing it in
+/// parallel, so small files still keep every core busy.
+const BATCH_BYTES: usize = 32 << 20;
+
+/// Where a unique chunk's stored bytes are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Location {
+    /// In this build's spool file.
+    Spool { offset: u64 },
+    /// In a blob of the chunk dictionary (an earlier image), not written again.
+    Dict { blob: u32, offset: u64 },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UniqueChunk {
+    pub digest: [u8; 32],
+    pub uncompressed_size: u32,
+    pub compressed_size: u32,
+    pub compression: Compression,
+    pub location: Location,
+}
+
+/// One piece of one file: a unique chunk, or [`HOLE`] for an all-zero piece.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Occurrence {
+    pub chunk: u32,
+    pub len: u32,
+}
+
+/// A blob of the chunk dictionary.
+#[derive(Debug, Clone)]
+pub(crate) struct DictBlob {
+    pub digest: [u8; 32],
+    pub size: u64,
+    /// Where the blob file is, to link it into the new image dir.
+    pub path: std::path::PathBuf,
+}
+
+/// Chunks of another image that a build may reference instead of storing again.
+#[derive(Debug, Default)]
+struct Dict {
+    blobs: Vec<DictBlob>,
+    chunks: HashMap<[u8; 32], UniqueChunk>,
+}
+
+/// Counters for the build summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct StoreStats {
+    /// File bytes read from the input (including files later replaced by a layer).
+    pub bytes_in: u64,
+    /// Chunks found in the dictionary.
+    pub dict_hits: u64,
+}
+
+pub(crate) struct ChunkStore {
+    algo: DigestAlgo,
+    compression: Compression,
+    level: i32,
+    chunking: Chunking,
+    spool: BufWriter<File>,
+    spool_len: u64,
+    pub unique: Vec<UniqueChunk>,
+    by_digest: HashMap<[u8; 32], u32>,
+    dict: Dict,
+    pub occurrences: Vec<Occurrence>,
+    /// Chunk data waiting for the next parallel batch, with the occurrence it fills.
+    pending: Vec<(u32, Vec<u8>)>,
+    pending_bytes: usize,
+    pub stats: StoreStats,
+}
+
+impl std::fmt::Debug for ChunkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkStore")
+            .field("unique", &self.unique.len())
+            .field("occurrences", &self.occurrences.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChunkStore {
+    pub fn new(opts: &BuildOptions, spool: File) -> Result<Self> {
+        let mut store = ChunkStore {
+            algo: opts.digest,
+            compression: opts.compression,
+            level: opts.compression_level,
+            chunking: opts.chunking,
+            spool: BufWriter::with_capacity(1 << 20, spool),
+            spool_len: 0,
+            unique: Vec::new(),
+            by_digest: HashMap::new(),
+            dict: Dict::default(),
+            occurrences: Vec::new(),
+            pending: Vec::new(),
+            pending_bytes: 0,
+            stats: StoreStats::default(),
+        };
+        if let Some(dir) = &opts.chunk_dict {
+            store.load_dict(dir)?;
+        }
+        Ok(store)
+    }
+
+    /// Indexes the chunks of the image at `dir` so matching chunks are referenced.
+    fn load_dict(&mut self, dir: &Path) -> Result<()> {
+        let bootstrap = Bootstrap::open(&dir.join("bootstrap"))?;
+        if bootstrap.digest_algo() != self.algo {
+            return Err(Error::InvalidOption(format!(
+                "--chunk-dict {} uses {} chunk digests but this build uses {}; build with the same --digest",
+                dir.display(),
+                bootstrap.digest_algo().name(),
+                self.algo.name()
+            )));
+        }
+        let local = LocalBlobs::new(dir);
+        for blob in bootstrap.blobs()? {
+            let path = local.path(&blob);
+            if !path.is_file() {
+                return Err(Error::io(
+                    "find chunk-dict blob",
+                    &path,
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                ));
+            }
+            self.dict.blobs.push(DictBlob {
+                digest: blob.digest,
+                size: blob.size,
+                path,
+            });
+        }
+        for c in 0..bootstrap.chunk_count() {
+            let info = bootstrap.chunk(c)?;
+            self.dict.chunks.entry(info.digest).or_insert(UniqueChunk {
+                digest: info.digest,
+                uncompressed_size: info.uncompressed_size,
+                compressed_size: info.compressed_size,
+                compression: info.compression,
+                location: Location::Dict {
+                    blob: info.blob_index,
+                    offset: info.compressed_offset,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    pub fn dict_blob(&self, index: u32) -> &DictBlob {
+        &self.dict.blobs[index as usize]
+    }
+
+    /// Reads a whole file, cutting it into chunks; returns its size and its pieces.
+    pub fn add_file(&mut self, mut data: impl Read) -> std::io::Result<(u64, Range<u32>)> {
+        let first = self.occurrences.len() as u32;
+        let mut size = 0u64;
+        match self.chunking {
+            Chunking::Fixed { size: chunk_size } => loop {
+                let mut buf = Vec::with_capacity(chunk_size as usize);
+                (&mut data).take(chunk_size.into()).read_to_end(&mut buf)?;
+                if buf.is_empty() {
+                    break;
+                }
+                size += buf.len() as u64;
+                let full = buf.len() == chunk_size as usize;
+                self.push_piece(buf)?;
+                if !full {
+                    break;
+                }
+            },
+            Chunking::Cdc { min, avg, max } => {
+                for piece in fastcdc::v2020::StreamCDC::new(&mut data, min, avg, max) {
+                    let piece = piece.map_err(|e| match e {
+                        fastcdc::v2020::Error::IoError(e) => e,
+                        other => std::io::Error::other(other.to_string()),
+                    })?;
+                    size += piece.data.len() as u64;
+                    self.push_piece(piece.data)?;
+                }
+            }
+        }
+        self.stats.bytes_in += size;
+        Ok((size, first..self.occurrences.len() as u32))
+    }
+
+    fn push_piece(&mut self, data: Vec<u8>) -> std::io::Result<()> {
+        let occ = self.occurrences.len() as u32;
+        self.occurrences.push(Occurrence {
+            chunk: HOLE,
+            len: data.len() as u32,
+        });
+        self.pending_bytes += data.len();
+        self.pending.push((occ, data));
+        if self.pending_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Hashes, deduplicates, compresses and spools the pending batch.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_bytes = 0;
+        let algo = self.algo;
+        // Hash in parallel; an all-zero piece becomes a hole and is never stored.
+        let hashed: Vec<(u32, Vec<u8>, Option<[u8; 32]>)> = pending
+            .into_par_iter()
+            .map(|(occ, data)| {
+                let digest = (!data.iter().all(|&b| b == 0)).then(|| algo.digest(&data));
+                (occ, data, digest)
+            })
+            .collect();
+        // Decide sequentially (deterministic ids) which pieces are new.
+        let mut to_compress = Vec::new();
+        for (occ, data, digest) in hashed {
+            let Some(digest) = digest else { continue };
+            let id = match self.by_digest.get(&digest) {
+                Some(&id) => id,
+                None => {
+                    let id = self.unique.len() as u32;
+                    self.by_digest.insert(digest, id);
+                    match self.dict.chunks.get(&digest) {
+                        Some(c) => {
+                            self.stats.dict_hits += 1;
+                            self.unique.push(*c);
+                        }
+                        None => {
+                            self.unique.push(UniqueChunk {
+                                digest,
+                                uncompressed_size: data.len() as u32,
+                                compressed_size: 0,
+                                compression: Compression::None,
+                                location: Location::Spool { offset: 0 },
+                            });
+                            to_compress.push((id, data));
+                        }
+                    }
+                    id
+                }
+            };
+            self.occurrences[occ as usize].chunk = id;
+        }
+        let (compression, level) = (self.compression, self.level);
+        let compressed: Vec<(u32, Vec<u8>, Compression)> = to_compress
+            .into_par_iter()
+            .map(|(id, data)| {
+                let (stored, used) = compress(&data, compression, level);
+                (id, stored, used)
+            })
+            .collect();
+        for (id, stored, used) in compressed {
+            self.spool.write_all(&stored)?;
+            let u = &mut self.unique[id as usize];
+            u.compressed_size = stored.len() as u32;
+            u.compression = used;
+            u.location = Location::Spool {
+                offset: self.spool_len,
+            };
+            self.spool_len += stored.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Flushes everything and hands back the spool file for reading.
+    pub fn finish_spool(&mut self) -> std::io::Result<&File> {
+        self.flush()?;
+        self.spool.flush()?;
+        Ok(self.spool.get_ref())
+    }
+}

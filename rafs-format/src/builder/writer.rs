@@ -1,0 +1,484 @@
+//! Lays the finished tree out as a bootstrap and a blob.
+//!
+//! Inode numbers follow a depth-first walk with names in byte order, so a directory's
+//! files have neighbouring numbers. Chunks are placed in the blob in the order a reader
+//! will want them: the prefetch list's files first, then every file in inode order, so a
+//! start-up read is one contiguous range. Everything is derived from the tree alone, so
+//! the same inputs give byte-identical output.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+use zerocopy::IntoBytes;
+
+use super::store::{ChunkStore, Location};
+use super::tree::{NodeData, NodeId, Tree, ROOT};
+use crate::chunk::{Chunking, DigestAlgo};
+use crate::layout::{
+    BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1,
+    XattrV1, HOLE, MAGIC, VERSION,
+};
+use crate::reader::bootstrap_checksum;
+use crate::{Error, Result};
+
+/// Which blob a placed chunk lives in, before blob indexes are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum BlobKey {
+    New,
+    Dict(u32),
+}
+
+/// What `write` produced.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub bootstrap_bytes: u64,
+    pub bootstrap_sha256: [u8; 32],
+    /// The new blob's digest and size, if any chunk was new.
+    pub new_blob: Option<([u8; 32], u64)>,
+    /// Every blob the image references: (digest, size).
+    pub blobs: Vec<([u8; 32], u64)>,
+    pub inodes: u32,
+    pub regular_files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    pub others: u64,
+    pub file_bytes: u64,
+    pub chunk_refs: u64,
+    pub holes: u64,
+    pub holes_bytes: u64,
+    pub dict_chunks: u64,
+    pub unique_chunks: u64,
+    pub unique_bytes: u64,
+    pub stored_bytes: u64,
+    pub prefetch_missing: Vec<String>,
+}
+
+/// Inode numbers: nodes in depth-first order, each numbered on its first visit.
+fn number_inodes(tree: &Tree) -> (Vec<NodeId>, HashMap<NodeId, u32>, HashMap<NodeId, NodeId>) {
+    let mut order = Vec::new();
+    let mut ino_of = HashMap::new();
+    let mut parent_of = HashMap::new();
+    let mut stack = vec![(ROOT, ROOT)];
+    while let Some((node, parent)) = stack.pop() {
+        if ino_of.contains_key(&node) {
+            continue;
+        }
+        order.push(node);
+        ino_of.insert(node, order.len() as u32);
+        parent_of.insert(node, parent);
+        if let Some(children) = tree.children(node) {
+            // Reverse so the stack pops names in ascending order.
+            for child in children.values().rev() {
+                stack.push((child.node, node));
+            }
+        }
+    }
+    (order, ino_of, parent_of)
+}
+
+/// Appends to the string table, refusing to grow it past what u32 offsets address.
+fn push_string(strings: &mut Vec<u8>, s: &[u8]) -> Result<u32> {
+    let offset = strings.len();
+    if offset + s.len() > u32::MAX as usize {
+        return Err(Error::InvalidOption("image metadata exceeds the 4 GiB string table".into()));
+    }
+    strings.extend_from_slice(s);
+    Ok(offset as u32)
+}
+
+/// The files a prefetch path names: the file itself, or every file under a directory.
+fn expand_prefetch(tree: &Tree, node: NodeId, out: &mut Vec<NodeId>) {
+    match &tree.node(node).data {
+        NodeData::Dir(children) => {
+            for c in children.values() {
+                expand_prefetch(tree, c.node, out);
+            }
+        }
+        NodeData::File { .. } => out.push(node),
+        _ => {}
+    }
+}
+
+pub(crate) struct WriteParams<'a> {
+    pub out_dir: &'a Path,
+    pub digest: DigestAlgo,
+    pub chunking: Chunking,
+    pub prefetch: &'a [String],
+}
+
+pub(crate) fn write(tree: &Tree, store: &mut ChunkStore, params: &WriteParams<'_>) -> Result<Written> {
+    let spool_path = params.out_dir.join("blobs").join(".spool");
+    let spool = store
+        .finish_spool()
+        .map_err(|e| Error::io("write chunk spool", &spool_path, e))?
+        .try_clone()
+        .map_err(|e| Error::io("reopen chunk spool", &spool_path, e))?;
+
+    let (order, ino_of, parent_of) = number_inodes(tree);
+
+    // Prefetch entries: resolve paths, remember which files come first.
+    let mut prefetch_nodes = Vec::new();
+    let mut prefetch_entries = Vec::new();
+    let mut prefetch_missing = Vec::new();
+    for p in params.prefetch {
+        let comps = super::tree::components(p.as_bytes());
+        match comps.and_then(|c| tree.lookup(&c)) {
+            Some(node) => {
+                let canonical = format!("/{}", comps_join(p));
+                prefetch_entries.push((ino_of[&node], canonical));
+                expand_prefetch(tree, node, &mut prefetch_nodes);
+            }
+            None => prefetch_missing.push(p.clone()),
+        }
+    }
+
+    // Place chunks: prefetch files first, then all files in inode order.
+    let mut final_index: HashMap<u32, u32> = HashMap::new();
+    let mut placed: Vec<(u32, BlobKey, u64)> = Vec::new(); // (unique id, blob, offset)
+    let mut new_blob_len = 0u64;
+    let files = prefetch_nodes.iter().chain(order.iter());
+    for &node in files {
+        let NodeData::File { pieces, .. } = &tree.node(node).data else { continue };
+        for occ in &store.occurrences[pieces.start as usize..pieces.end as usize] {
+            if occ.chunk == HOLE || final_index.contains_key(&occ.chunk) {
+                continue;
+            }
+            let u = store.unique[occ.chunk as usize];
+            let (key, offset) = match u.location {
+                Location::Spool { .. } => {
+                    let at = new_blob_len;
+                    new_blob_len += u64::from(u.compressed_size);
+                    (BlobKey::New, at)
+                }
+                Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
+            };
+            final_index.insert(occ.chunk, placed.len() as u32);
+            placed.push((occ.chunk, key, offset));
+        }
+    }
+
+    // Blob indexes: the new blob first, then dictionary blobs in first-use order.
+    let mut blob_keys: Vec<BlobKey> = Vec::new();
+    if placed.iter().any(|p| p.1 == BlobKey::New) {
+        blob_keys.push(BlobKey::New);
+    }
+    for p in &placed {
+        if !blob_keys.contains(&p.1) {
+            blob_keys.push(p.1);
+        }
+    }
+    let blob_index: HashMap<BlobKey, u32> = blob_keys.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
+
+    // Write the new blob by copying spooled chunks in placement order.
+    let mut new_blob = None;
+    if blob_keys.first() == Some(&BlobKey::New) {
+        new_blob = Some(copy_new_blob(&spool, store, &placed, params.out_dir)?);
+    }
+    link_dict_blobs(store, &blob_keys, params.out_dir)?;
+
+    // Per-blob totals for the blob table.
+    let mut blob_stats: HashMap<BlobKey, (u64, u32)> = HashMap::new();
+    let mut unique_bytes = 0u64;
+    let mut stored_bytes = 0u64;
+    let mut chunks = Vec::with_capacity(placed.len());
+    for &(id, key, offset) in &placed {
+        let u = store.unique[id as usize];
+        let s = blob_stats.entry(key).or_default();
+        s.0 += u64::from(u.uncompressed_size);
+        s.1 += 1;
+        unique_bytes += u64::from(u.uncompressed_size);
+        stored_bytes += u64::from(u.compressed_size);
+        chunks.push(ChunkV1 {
+            digest: u.digest,
+            blob_index: blob_index[&key].into(),
+            compression: u.compression.to_byte(),
+            compressed_offset: offset.into(),
+            compressed_size: u.compressed_size.into(),
+            uncompressed_size: u.uncompressed_size.into(),
+            ..Default::default()
+        });
+    }
+    let blobs: Vec<([u8; 32], u64)> = blob_keys
+        .iter()
+        .map(|k| match k {
+            BlobKey::New => new_blob.unwrap_or_default(),
+            BlobKey::Dict(i) => {
+                let b = store.dict_blob(*i);
+                (b.digest, b.size)
+            }
+        })
+        .collect();
+    let blob_table: Vec<BlobV1> = blob_keys
+        .iter()
+        .zip(&blobs)
+        .map(|(k, (digest, size))| {
+            let (uncompressed, count) = blob_stats.get(k).copied().unwrap_or_default();
+            BlobV1 {
+                digest: *digest,
+                size: (*size).into(),
+                uncompressed_size: uncompressed.into(),
+                chunk_count: count.into(),
+                ..Default::default()
+            }
+        })
+        .collect();
+
+    // Inodes, dirents, file chunks, xattrs, strings.
+    let mut strings = Vec::new();
+    let mut inodes = Vec::with_capacity(order.len());
+    let mut dirents = Vec::new();
+    let mut file_chunks = Vec::new();
+    let mut xattrs = Vec::new();
+    let mut links: HashMap<NodeId, u32> = HashMap::new();
+    for &node in &order {
+        if let Some(children) = tree.children(node) {
+            for c in children.values() {
+                *links.entry(c.node).or_default() += 1;
+            }
+        }
+    }
+    let mut w = Written {
+        bootstrap_bytes: 0,
+        bootstrap_sha256: [0; 32],
+        new_blob,
+        blobs,
+        inodes: order.len() as u32,
+        regular_files: 0,
+        directories: 0,
+        symlinks: 0,
+        others: 0,
+        file_bytes: 0,
+        chunk_refs: 0,
+        holes: 0,
+        holes_bytes: 0,
+        dict_chunks: placed.iter().filter(|p| p.1 != BlobKey::New).count() as u64,
+        unique_chunks: placed.len() as u64,
+        unique_bytes,
+        stored_bytes,
+        prefetch_missing,
+    };
+    for &node in &order {
+        let n = tree.node(node);
+        let xattr_start = xattrs.len() as u32;
+        for (name, value) in &n.meta.xattrs {
+            xattrs.push(XattrV1 {
+                name_offset: push_string(&mut strings, name)?.into(),
+                name_len: (name.len() as u32).into(),
+                value_offset: push_string(&mut strings, value)?.into(),
+                value_len: (value.len() as u32).into(),
+            });
+        }
+        let (mut size, mut data_start, mut data_count, mut rdev) = (0u64, 0u32, 0u32, (0, 0));
+        let nlink = match &n.data {
+            NodeData::Dir(children) => {
+                w.directories += 1;
+                data_start = dirents.len() as u32;
+                data_count = children.len() as u32;
+                let mut subdirs = 0;
+                for (name, c) in children {
+                    let kind = tree.node(c.node).kind();
+                    subdirs += u32::from(kind == crate::reader::FileKind::Directory);
+                    dirents.push(DirentV1 {
+                        name_offset: push_string(&mut strings, name)?.into(),
+                        name_len: (name.len() as u16).into(),
+                        kind: (kind.mode_bits() >> 12) as u8,
+                        ino: ino_of[&c.node].into(),
+                        ..Default::default()
+                    });
+                }
+                2 + subdirs
+            }
+            NodeData::File { size: s, pieces } => {
+                w.regular_files += 1;
+                w.file_bytes += s;
+                size = *s;
+                data_start = file_chunks.len() as u32;
+                let mut offset = 0u64;
+                for occ in &store.occurrences[pieces.start as usize..pieces.end as usize] {
+                    let index = if occ.chunk == HOLE {
+                        w.holes += 1;
+                        w.holes_bytes += u64::from(occ.len);
+                        HOLE
+                    } else {
+                        w.chunk_refs += 1;
+                        final_index[&occ.chunk]
+                    };
+                    file_chunks.push(FileChunkV1 {
+                        file_offset: offset.into(),
+                        chunk_index: index.into(),
+                        len: occ.len.into(),
+                    });
+                    offset += u64::from(occ.len);
+                }
+                data_count = file_chunks.len() as u32 - data_start;
+                links[&node]
+            }
+            NodeData::Symlink(target) => {
+                w.symlinks += 1;
+                size = target.len() as u64;
+                data_start = push_string(&mut strings, target)?;
+                data_count = target.len() as u32;
+                links[&node]
+            }
+            NodeData::Special { major, minor, .. } => {
+                w.others += 1;
+                rdev = (*major, *minor);
+                links[&node]
+            }
+        };
+        inodes.push(InodeV1 {
+            mode: (n.kind().mode_bits() | n.meta.perm).into(),
+            uid: n.meta.uid.into(),
+            gid: n.meta.gid.into(),
+            nlink: nlink.into(),
+            size: size.into(),
+            mtime_sec: n.meta.mtime_sec.into(),
+            mtime_nsec: n.meta.mtime_nsec.into(),
+            rdev_major: rdev.0.into(),
+            rdev_minor: rdev.1.into(),
+            parent: ino_of[&parent_of[&node]].into(),
+            data_start: data_start.into(),
+            data_count: data_count.into(),
+            xattr_start: xattr_start.into(),
+            xattr_count: (xattrs.len() as u32 - xattr_start).into(),
+        });
+    }
+    let mut prefetch = Vec::new();
+    for (ino, path) in &prefetch_entries {
+        prefetch.push(PrefetchV1 {
+            ino: (*ino).into(),
+            path_offset: push_string(&mut strings, path.as_bytes())?.into(),
+            path_len: (path.len() as u32).into(),
+            ..Default::default()
+        });
+    }
+
+    let bytes = serialize(params, &inodes, &dirents, &file_chunks, &chunks, &blob_table, &xattrs, &prefetch, &strings);
+    w.bootstrap_bytes = bytes.len() as u64;
+    w.bootstrap_sha256 = Sha256::digest(&bytes).into();
+    let tmp = params.out_dir.join(".bootstrap.tmp");
+    let final_path = params.out_dir.join("bootstrap");
+    std::fs::write(&tmp, &bytes).map_err(|e| Error::io("write bootstrap", &tmp, e))?;
+    std::fs::rename(&tmp, &final_path).map_err(|e| Error::io("rename bootstrap into", &final_path, e))?;
+    Ok(w)
+}
+
+fn comps_join(p: &str) -> String {
+    super::tree::components(p.as_bytes())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Copies the new chunks from the spool into `blobs/<sha256>` in placement order.
+fn copy_new_blob(spool: &File, store: &ChunkStore, placed: &[(u32, BlobKey, u64)], out_dir: &Path) -> Result<([u8; 32], u64)> {
+    let tmp = out_dir.join("blobs").join(".blob.tmp");
+    let f = File::create(&tmp).map_err(|e| Error::io("create blob", &tmp, e))?;
+    let mut out = BufWriter::with_capacity(1 << 20, f);
+    let mut hasher = Sha256::new();
+    let mut len = 0u64;
+    let mut buf = Vec::new();
+    for &(id, key, _) in placed {
+        if key != BlobKey::New {
+            continue;
+        }
+        let u = store.unique[id as usize];
+        let Location::Spool { offset } = u.location else { continue };
+        buf.resize(u.compressed_size as usize, 0);
+        spool
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| Error::io("read chunk spool", out_dir.join("blobs/.spool"), e))?;
+        hasher.update(&buf);
+        out.write_all(&buf).map_err(|e| Error::io("write blob", &tmp, e))?;
+        len += buf.len() as u64;
+    }
+    out.flush().map_err(|e| Error::io("write blob", &tmp, e))?;
+    let digest: [u8; 32] = hasher.finalize().into();
+    let final_path = out_dir.join("blobs").join(hex::encode(digest));
+    std::fs::rename(&tmp, &final_path).map_err(|e| Error::io("rename blob into", &final_path, e))?;
+    Ok((digest, len))
+}
+
+/// Makes the dictionary blobs the image references available in its own `blobs/`
+/// (hardlinked when possible), so the image dir is complete on its own.
+fn link_dict_blobs(store: &ChunkStore, keys: &[BlobKey], out_dir: &Path) -> Result<()> {
+    for key in keys {
+        let BlobKey::Dict(i) = key else { continue };
+        let b = store.dict_blob(*i);
+        let dest = out_dir.join("blobs").join(hex::encode(b.digest));
+        if dest.exists() {
+            continue;
+        }
+        if std::fs::hard_link(&b.path, &dest).is_err() {
+            std::fs::copy(&b.path, &dest).map_err(|e| Error::io("copy chunk-dict blob to", &dest, e))?;
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serialize(
+    params: &WriteParams<'_>,
+    inodes: &[InodeV1],
+    dirents: &[DirentV1],
+    file_chunks: &[FileChunkV1],
+    chunks: &[ChunkV1],
+    blobs: &[BlobV1],
+    xattrs: &[XattrV1],
+    prefetch: &[PrefetchV1],
+    strings: &[u8],
+) -> Vec<u8> {
+    let mut out = vec![0u8; size_of::<SuperblockV1>()];
+    let mut table = |bytes: &[u8], count: usize| {
+        let r = TableRefV1 {
+            offset: (out.len() as u64).into(),
+            count: (count as u64).into(),
+        };
+        out.extend_from_slice(bytes);
+        r
+    };
+    let t_inodes = table(inodes.as_bytes(), inodes.len());
+    let t_dirents = table(dirents.as_bytes(), dirents.len());
+    let t_file_chunks = table(file_chunks.as_bytes(), file_chunks.len());
+    let t_chunks = table(chunks.as_bytes(), chunks.len());
+    let t_blobs = table(blobs.as_bytes(), blobs.len());
+    let t_xattrs = table(xattrs.as_bytes(), xattrs.len());
+    let t_prefetch = table(prefetch.as_bytes(), prefetch.len());
+    let t_strings = table(strings, strings.len());
+    let (chunking, chunk_size, cdc_min, cdc_max) = match params.chunking {
+        Chunking::Fixed { size } => (1, size, 0, 0),
+        Chunking::Cdc { min, avg, max } => (2, avg, min, max),
+    };
+    let sb = SuperblockV1 {
+        magic: MAGIC,
+        version: VERSION.into(),
+        flags: 0.into(),
+        checksum: [0; 32],
+        bootstrap_size: (out.len() as u64).into(),
+        digest_algo: params.digest.to_byte(),
+        chunking,
+        reserved0: [0; 2],
+        chunk_size: chunk_size.into(),
+        cdc_min: cdc_min.into(),
+        cdc_max: cdc_max.into(),
+        inodes: t_inodes,
+        dirents: t_dirents,
+        file_chunks: t_file_chunks,
+        chunks: t_chunks,
+        blobs: t_blobs,
+        xattrs: t_xattrs,
+        prefetch: t_prefetch,
+        strings: t_strings,
+        reserved2: [0; 56],
+    };
+    out[..size_of::<SuperblockV1>()].copy_from_slice(sb.as_bytes());
+    let sum = bootstrap_checksum(&out);
+    out[16..48].copy_from_slice(&sum);
+    out
+}

@@ -1,0 +1,14 @@
+//! Reading images: the bootstrap (metadata) and chunks from local blob files.
+//!
+//! The reader never depends on the builder: a second implementation of the format, or the
+//! agent's FUSE filesystem, needs only this module and `layout`.
+
+mod blobs;
+mod bootstrap;
+
+pub use blobs::LocalBlobs;
+pub(crate) use bootstrap::checksum as bootstrap_checksum;
+pub use bootstrap::{
+    BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry,
+    Verify,
+};
