@@ -252,8 +252,14 @@ mod tests {
             assert_eq!(back, text);
         }
         // Incompressible data is stored raw.
-        let noise: Vec<u8> = (0..4096u32)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
             .collect();
         let (stored, used) = compress(&noise, Compression::Zstd, 3);
         assert_eq!(used, Compression::None);

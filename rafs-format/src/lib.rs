@@ -15,6 +15,8 @@
 pub mod builder;
 pub mod chunk;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod image;
 pub mod layout;
 pub mod reader;

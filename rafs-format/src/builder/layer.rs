@@ -2,15 +2,15 @@
 //! describes: entries in order, `.wh.NAME` whiteouts deleting NAME from lower layers,
 //! `.wh..wh..opq` making a directory opaque (hiding everything lower layers put in it),
 //! hardlinks resolved against the merged tree. PAX headers supply long names, xattrs
-//! (`SCHILY.xattr.*`), large ids and nanosecond times; GNU long names are handled by the
-//! `tar` crate.
+//! (`SCHILY.xattr.*`), large ids and nanosecond times (see [`super::tar`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 
 use super::store::ChunkStore;
+use super::tar::{EntryType, TarEntry, TarReader};
 use super::tree::{components, Child, Meta, Node, NodeData, NodeId, Tree, ROOT};
-use crate::reader::FileKind;
+use crate::reader::{check_name, FileKind};
 use crate::{Error, Result};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
@@ -37,90 +37,31 @@ pub(crate) fn apply_layer(
     tar_stream: impl Read,
     layer: u32,
 ) -> Result<()> {
-    let mut archive = tar::Archive::new(tar_stream);
-    let err = |entry: &[u8], reason: String| Error::Layer {
-        layer: layer as usize,
-        entry: String::from_utf8_lossy(entry).into_owned(),
-        reason,
-    };
-    let entries = archive
-        .entries()
-        .map_err(|e| err(b"", format!("read tar: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| err(b"", format!("read tar header: {e}")))?;
-        let path = entry.path_bytes().into_owned();
-        apply_entry(tree, store, &mut entry, layer).map_err(|reason| err(&path, reason))?;
+    let mut tar = TarReader::new(tar_stream);
+    loop {
+        let entry = tar.next_entry().map_err(|e| Error::Layer {
+            layer: layer as usize,
+            entry: format!("<entry {}>", tar.count),
+            reason: format!("read tar: {e}"),
+        })?;
+        let Some(entry) = entry else { return Ok(()) };
+        apply_entry(tree, store, &mut tar, &entry, layer).map_err(|reason| Error::Layer {
+            layer: layer as usize,
+            entry: String::from_utf8_lossy(&entry.path).into_owned(),
+            reason,
+        })?;
     }
-    Ok(())
 }
 
-/// PAX records of an entry, by key.
-fn pax_records(entry: &mut tar::Entry<'_, impl Read>) -> Result<HashMap<String, Vec<u8>>, String> {
-    let mut out = HashMap::new();
-    if let Some(exts) = entry.pax_extensions().map_err(|e| format!("read PAX header: {e}"))? {
-        for ext in exts {
-            let ext = ext.map_err(|e| format!("bad PAX record: {e}"))?;
-            let key = ext.key().map_err(|e| format!("PAX key is not UTF-8: {e}"))?;
-            out.insert(key.to_string(), ext.value_bytes().to_vec());
-        }
-    }
-    Ok(out)
-}
-
-/// Parses a PAX time (`seconds[.fraction]`, possibly negative) into seconds and ns.
-fn parse_pax_time(v: &[u8]) -> Option<(i64, u32)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (neg, s) = match s.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
-    let secs: i64 = whole.parse().ok()?;
-    if !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let digits: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
-    let nsec: u32 = digits.parse().ok()?;
-    Some(match (neg, nsec) {
-        (false, n) => (secs, n),
-        (true, 0) => (-secs, 0),
-        (true, n) => (-secs - 1, 1_000_000_000 - n),
-    })
-}
-
-fn entry_meta(header: &tar::Header, pax: &HashMap<String, Vec<u8>>) -> Result<Meta, String> {
-    let num = |key: &str, header_value: std::io::Result<u64>| -> Result<u64, String> {
-        match pax.get(key) {
-            Some(v) => std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| format!("PAX {key} {:?} is not a number", String::from_utf8_lossy(v))),
-            None => header_value.map_err(|e| format!("bad {key} field: {e}")),
-        }
-    };
-    let id = |key, v| -> Result<u32, String> {
-        let n = num(key, v)?;
-        u32::try_from(n).map_err(|_| format!("{key} {n} does not fit in 32 bits"))
-    };
-    let (mtime_sec, mtime_nsec) = match pax.get("mtime") {
-        Some(v) => parse_pax_time(v)
-            .ok_or_else(|| format!("PAX mtime {:?} is not a time", String::from_utf8_lossy(v)))?,
-        None => (num("mtime", header.mtime())? as i64, 0),
-    };
-    let xattrs: BTreeMap<Vec<u8>, Vec<u8>> = pax
-        .iter()
-        .filter_map(|(k, v)| {
-            k.strip_prefix("SCHILY.xattr.")
-                .map(|name| (name.as_bytes().to_vec(), v.clone()))
-        })
-        .collect();
+fn entry_meta(e: &TarEntry) -> Result<Meta, String> {
+    let id = |what, n: u64| u32::try_from(n).map_err(|_| format!("{what} {n} does not fit in 32 bits"));
     Ok(Meta {
-        perm: header.mode().map_err(|e| format!("bad mode field: {e}"))? & 0o7777,
-        uid: id("uid", header.uid())?,
-        gid: id("gid", header.gid())?,
-        mtime_sec,
-        mtime_nsec,
-        xattrs,
+        perm: e.mode,
+        uid: id("uid", e.uid)?,
+        gid: id("gid", e.gid)?,
+        mtime_sec: e.mtime.0,
+        mtime_nsec: e.mtime.1,
+        xattrs: e.xattrs.iter().cloned().collect::<BTreeMap<_, _>>(),
     })
 }
 
@@ -163,26 +104,24 @@ fn ensure_dir(tree: &mut Tree, comps: &[&[u8]], layer: u32) -> Result<NodeId, St
 fn apply_entry(
     tree: &mut Tree,
     store: &mut ChunkStore,
-    entry: &mut tar::Entry<'_, impl Read>,
+    tar: &mut TarReader<impl Read>,
+    entry: &TarEntry,
     layer: u32,
 ) -> Result<(), String> {
-    let kind = entry.header().entry_type();
-    if matches!(kind, tar::EntryType::XGlobalHeader) {
-        return Ok(());
-    }
-    let path = entry.path_bytes().into_owned();
-    let comps = components(&path).ok_or("path has a '..' component")?;
-    let pax = pax_records(entry)?;
-    let meta = entry_meta(entry.header(), &pax)?;
+    let comps = components(&entry.path).ok_or("path has a '..' component")?;
+    let meta = entry_meta(entry)?;
 
     let Some((name, parent_comps)) = comps.split_last() else {
         // The root itself ("./"): only its metadata can change.
-        if kind.is_dir() {
+        if entry.kind == EntryType::Directory {
             tree.node_mut(ROOT).meta = meta;
             return Ok(());
         }
         return Err("the root of a layer must be a directory".into());
     };
+    if let Err(why) = check_name(name) {
+        return Err(format!("bad file name: {why}"));
+    }
     let parent = ensure_dir(tree, parent_comps, layer)?;
 
     if name.starts_with(WHITEOUT_PREFIX) {
@@ -201,8 +140,8 @@ fn apply_entry(
     }
 
     let existing = tree.children(parent).and_then(|c| c.get(*name)).copied();
-    let data = match kind {
-        tar::EntryType::Directory => {
+    let data = match entry.kind {
+        EntryType::Directory => {
             if let Some(child) = existing {
                 if matches!(tree.node(child.node).data, NodeData::Dir(_)) {
                     // A directory listed again keeps its contents; only metadata changes.
@@ -215,20 +154,19 @@ fn apply_entry(
             }
             NodeData::Dir(BTreeMap::new())
         }
-        tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+        EntryType::Regular => {
             let (size, pieces) = store
-                .add_file(&mut *entry)
+                .add_file(tar.data())
                 .map_err(|e| format!("read file data: {e}"))?;
+            if size != entry.size {
+                return Err(format!("file data is {size} bytes, the header says {}", entry.size));
+            }
             NodeData::File { size, pieces }
         }
-        tar::EntryType::Link => {
-            let target = entry
-                .link_name_bytes()
-                .ok_or("hardlink without a target")?
-                .into_owned();
-            let target_comps = components(&target).ok_or("hardlink target has a '..' component")?;
+        EntryType::Hardlink => {
+            let target_comps = components(&entry.link_name).ok_or("hardlink target has a '..' component")?;
             let node = tree.lookup(&target_comps).ok_or_else(|| {
-                format!("hardlink target {:?} does not exist", String::from_utf8_lossy(&target))
+                format!("hardlink target {:?} does not exist", String::from_utf8_lossy(&entry.link_name))
             })?;
             if matches!(tree.node(node).data, NodeData::Dir(_)) {
                 return Err("hardlink to a directory".into());
@@ -238,48 +176,26 @@ fn apply_entry(
             }
             return Ok(());
         }
-        tar::EntryType::Symlink => NodeData::Symlink(
-            entry
-                .link_name_bytes()
-                .ok_or("symlink without a target")?
-                .into_owned(),
-        ),
-        tar::EntryType::Char | tar::EntryType::Block => {
-            let h = entry.header();
-            let major = h.device_major().map_err(|e| format!("bad devmajor: {e}"))?.unwrap_or(0);
-            let minor = h.device_minor().map_err(|e| format!("bad devminor: {e}"))?.unwrap_or(0);
-            let kind = if kind == tar::EntryType::Char {
-                FileKind::CharDevice
-            } else {
-                FileKind::BlockDevice
-            };
-            NodeData::Special { kind, major, minor }
+        EntryType::Symlink => {
+            if entry.link_name.is_empty() {
+                return Err("symlink without a target".into());
+            }
+            NodeData::Symlink(entry.link_name.clone())
         }
-        tar::EntryType::Fifo => NodeData::Special {
+        EntryType::Char | EntryType::Block => NodeData::Special {
+            kind: if entry.kind == EntryType::Char { FileKind::CharDevice } else { FileKind::BlockDevice },
+            major: entry.dev_major,
+            minor: entry.dev_minor,
+        },
+        EntryType::Fifo => NodeData::Special {
             kind: FileKind::Fifo,
             major: 0,
             minor: 0,
         },
-        other => return Err(format!("unsupported tar entry type {:?}", other.as_byte() as char)),
     };
     let node = tree.add_node(Node { meta, data });
     if let Some(ch) = tree.children_mut(parent) {
         ch.insert(name.to_vec(), Child { node, layer });
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_pax_time;
-
-    #[test]
-    fn pax_times_keep_nanoseconds() {
-        assert_eq!(parse_pax_time(b"1700000000.123456789"), Some((1700000000, 123456789)));
-        assert_eq!(parse_pax_time(b"1700000000.5"), Some((1700000000, 500000000)));
-        assert_eq!(parse_pax_time(b"1700000000"), Some((1700000000, 0)));
-        assert_eq!(parse_pax_time(b"-1.25"), Some((-2, 750000000)));
-        assert_eq!(parse_pax_time(b"abc"), None);
-        assert_eq!(parse_pax_time(b"1.2x"), None);
-    }
 }

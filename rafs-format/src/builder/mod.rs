@@ -11,6 +11,7 @@ mod oci_layout;
 mod options;
 mod source_dir;
 mod store;
+mod tar;
 mod tree;
 mod writer;
 

@@ -204,6 +204,17 @@ fn append_entry(
     for (name, value) in xattrs {
         pax.push((format!("SCHILY.xattr.{}", String::from_utf8_lossy(name)), value.to_vec()));
     }
+    // Link targets go in a PAX `linkpath` record, byte for byte: the `tar` crate's
+    // own link-name setter normalises paths (`./a` becomes `a`), which would change
+    // symlinks.
+    let link_target: Option<&[u8]> = match (hardlink_to, inode.kind) {
+        (Some(t), _) => Some(t),
+        (None, FileKind::Symlink) => Some(b.symlink_target(inode).map_err(std::io::Error::other)?),
+        _ => None,
+    };
+    if let Some(t) = link_target {
+        pax.push(("linkpath".into(), t.to_vec()));
+    }
     tar.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))?;
     let mut h = tar::Header::new_gnu();
     h.set_mode(inode.perm);
@@ -212,9 +223,15 @@ fn append_entry(
     h.set_mtime(inode.mtime_sec.max(0) as u64);
     h.set_size(0);
     let path = Path::new(OsStr::from_bytes(path));
-    if let Some(target) = hardlink_to {
-        h.set_entry_type(tar::EntryType::Link);
-        return tar.append_link(&mut h, path, Path::new(OsStr::from_bytes(target)));
+    if let Some(t) = link_target {
+        // The header field holds at most 100 bytes; readers take the PAX record.
+        h.set_link_name_literal(&t[..t.len().min(100)])?;
+        h.set_entry_type(if hardlink_to.is_some() {
+            tar::EntryType::Link
+        } else {
+            tar::EntryType::Symlink
+        });
+        return tar.append_data(&mut h, path, std::io::empty());
     }
     match inode.kind {
         FileKind::Directory => {
@@ -228,11 +245,6 @@ fn append_entry(
             let data = FileData { b, blobs, pieces: pieces.into_iter(), current: Vec::new(), pos: 0 };
             tar.append_data(&mut h, path, data)
         }
-        FileKind::Symlink => {
-            h.set_entry_type(tar::EntryType::Symlink);
-            let target = b.symlink_target(inode).map_err(std::io::Error::other)?;
-            tar.append_link(&mut h, path, Path::new(OsStr::from_bytes(target)))
-        }
         FileKind::CharDevice | FileKind::BlockDevice | FileKind::Fifo => {
             h.set_entry_type(match inode.kind {
                 FileKind::CharDevice => tar::EntryType::Char,
@@ -243,7 +255,7 @@ fn append_entry(
             h.set_device_minor(inode.rdev_minor)?;
             tar.append_data(&mut h, path, std::io::empty())
         }
-        FileKind::Socket => Ok(()),
+        FileKind::Symlink | FileKind::Socket => Ok(()),
     }
 }
 

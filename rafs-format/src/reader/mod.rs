@@ -7,7 +7,7 @@ mod blobs;
 mod bootstrap;
 
 pub use blobs::LocalBlobs;
-pub(crate) use bootstrap::checksum as bootstrap_checksum;
+pub(crate) use bootstrap::{check_name, checksum as bootstrap_checksum};
 pub use bootstrap::{
     BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry,
     Verify,
