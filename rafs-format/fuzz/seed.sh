@@ -27,7 +27,7 @@ ln "$tree/bin/tool" "$tree/bin/tool-hardlink"
 ln -s tool "$tree/bin/sh"
 ln -s ../../etc/passwd "$tree/usr/lib/passwd-link"
 : > "$tree/usr/lib/empty-file"
-yes 'repetitive line of text' | head -c 12000 > "$tree/usr/lib/deep/er/still/text"
+printf 'repetitive line of text\n%.0s' {1..500} > "$tree/usr/lib/deep/er/still/text"
 truncate -s 16384 "$tree/usr/lib/sparse" # all zeros: stored as holes
 printf 'tail' >> "$tree/usr/lib/sparse"
 mkfifo "$tree/usr/lib/fifo"
