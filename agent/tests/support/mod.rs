@@ -1,0 +1,41 @@
+//! Helpers shared by the agent's integration tests.
+
+#![allow(dead_code)]
+
+pub mod fstree;
+pub mod oci;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The `tessera` binary built for this test run.
+pub fn tessera() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+}
+
+/// Runs `tessera ARGS`, panicking with its output if it fails.
+pub fn tessera_ok(args: &[&str]) -> Output {
+    let out = tessera().args(args).output().expect("run tessera");
+    assert!(
+        out.status.success(),
+        "tessera {args:?} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `tessera build --json --out OUT ARGS` and returns the parsed summary.
+pub fn build(out: &Path, args: &[&str]) -> serde_json::Value {
+    let out_s = out.to_str().expect("utf-8 path");
+    let mut full = vec!["build", "--json", "--out", out_s];
+    full.extend_from_slice(args);
+    let o = tessera_ok(&full);
+    serde_json::from_slice(&o.stdout).expect("build --json prints JSON")
+}
+
+/// Path as `&str` (test paths are temp dirs, always UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
