@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 
 /// Command-line interface of `tessera`.
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, about = "Lazily loaded, peer-to-peer container images")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Lazily loaded, peer-to-peer container images"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -5,6 +5,8 @@
 //! Runs as root (it creates devices and chowns files); the OCI tests need umoci,
 //! skopeo, GNU tar and setfattr (`make test-deps`).
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 mod support;
 
 use std::path::Path;
@@ -27,16 +29,37 @@ fn round_trip_every_file_type_under_every_option() {
     generate_tree(&src, &TreeSpec::default()).unwrap();
     let variants: &[(&str, &[&str])] = &[
         ("default", &[]),
-        ("cdc-gzip-blake3", &["--chunking", "cdc", "--chunk-size", "64K", "--compression", "gzip", "--digest", "blake3"]),
-        ("fixed4k-none", &["--chunk-size", "4K", "--compression", "none"]),
-        ("fixed16m-zstd1", &["--chunk-size", "16M", "--compression-level", "1"]),
+        (
+            "cdc-gzip-blake3",
+            &[
+                "--chunking",
+                "cdc",
+                "--chunk-size",
+                "64K",
+                "--compression",
+                "gzip",
+                "--digest",
+                "blake3",
+            ],
+        ),
+        (
+            "fixed4k-none",
+            &["--chunk-size", "4K", "--compression", "none"],
+        ),
+        (
+            "fixed16m-zstd1",
+            &["--chunk-size", "16M", "--compression-level", "1"],
+        ),
     ];
     for (name, args) in variants {
         let img = t.path().join(format!("img-{name}"));
         let mut full = vec!["--dir", s(&src)];
         full.extend_from_slice(args);
         let summary = build(&img, &full);
-        assert!(summary["regular_files"].as_u64().unwrap() > 100, "{summary}");
+        assert!(
+            summary["regular_files"].as_u64().unwrap() > 100,
+            "{summary}"
+        );
         tessera_ok(&["check", s(&img)]);
         let out = t.path().join(format!("out-{name}"));
         unpack(&img, &out);
@@ -49,15 +72,38 @@ fn round_trip_every_file_type_under_every_option() {
 fn builds_are_reproducible() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
-    generate_tree(&src, &TreeSpec { files: 60, large_file_bytes: 3 << 20, ..TreeSpec::default() }).unwrap();
-    let a = build(&t.path().join("a"), &["--dir", s(&src), "--chunking", "cdc", "--chunk-size", "64K"]);
-    let b = build(&t.path().join("b"), &["--dir", s(&src), "--chunking", "cdc", "--chunk-size", "64K"]);
+    generate_tree(
+        &src,
+        &TreeSpec {
+            files: 60,
+            large_file_bytes: 3 << 20,
+            ..TreeSpec::default()
+        },
+    )
+    .unwrap();
+    let a = build(
+        &t.path().join("a"),
+        &["--dir", s(&src), "--chunking", "cdc", "--chunk-size", "64K"],
+    );
+    let b = build(
+        &t.path().join("b"),
+        &["--dir", s(&src), "--chunking", "cdc", "--chunk-size", "64K"],
+    );
     assert_eq!(a["bootstrap_digest"], b["bootstrap_digest"]);
     assert_eq!(a["blobs"], b["blobs"]);
     let read = |p: &Path| std::fs::read(p).unwrap();
-    assert_eq!(read(&t.path().join("a/bootstrap")), read(&t.path().join("b/bootstrap")));
-    let blob = a["new_blob"]["digest"].as_str().unwrap().trim_start_matches("sha256:");
-    assert_eq!(read(&t.path().join("a/blobs").join(blob)), read(&t.path().join("b/blobs").join(blob)));
+    assert_eq!(
+        read(&t.path().join("a/bootstrap")),
+        read(&t.path().join("b/bootstrap"))
+    );
+    let blob = a["new_blob"]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:");
+    assert_eq!(
+        read(&t.path().join("a/blobs").join(blob)),
+        read(&t.path().join("b/blobs").join(blob))
+    );
 }
 
 /// `unpack --tar` writes a layer that builds back into the same tree (sockets aside:
@@ -66,7 +112,15 @@ fn builds_are_reproducible() {
 fn tar_output_builds_back_to_the_same_tree() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
-    generate_tree(&src, &TreeSpec { files: 80, large_file_bytes: 2 << 20, ..TreeSpec::default() }).unwrap();
+    generate_tree(
+        &src,
+        &TreeSpec {
+            files: 80,
+            large_file_bytes: 2 << 20,
+            ..TreeSpec::default()
+        },
+    )
+    .unwrap();
     let img = t.path().join("img");
     build(&img, &["--dir", s(&src)]);
     let tar = t.path().join("image.tar");
@@ -76,11 +130,23 @@ fn tar_output_builds_back_to_the_same_tree() {
     let out = t.path().join("out");
     unpack(&img2, &out);
     let diffs = compare_trees(&src, &out, &CompareOptions::default());
-    assert_eq!(diffs, vec!["special/socket: only in expected".to_string()], "{diffs:#?}");
+    assert_eq!(
+        diffs,
+        vec!["special/socket: only in expected".to_string()],
+        "{diffs:#?}"
+    );
     // GNU tar reads our tar too.
     let gnu = t.path().join("gnu");
     std::fs::create_dir(&gnu).unwrap();
-    oci::run(std::process::Command::new("tar").args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "-xpf", s(&tar), "-C", s(&gnu)]));
+    oci::run(std::process::Command::new("tar").args([
+        "--xattrs",
+        "--xattrs-include=*",
+        "--numeric-owner",
+        "-xpf",
+        s(&tar),
+        "-C",
+        s(&gnu),
+    ]));
     assert!(gnu.join("hard/original").is_file());
 }
 
@@ -100,7 +166,10 @@ fn oci_layout_matches_umoci_unpack() {
     }
     for (name, layout) in sources {
         let img = t.path().join(format!("img-{name}"));
-        let summary = build(&img, &["--oci-layout", &format!("{}:{}", s(&layout), image.tag)]);
+        let summary = build(
+            &img,
+            &["--oci-layout", &format!("{}:{}", s(&layout), image.tag)],
+        );
         assert!(summary["regular_files"].as_u64().unwrap() > 10, "{summary}");
         tessera_ok(&["check", s(&img)]);
         let out = t.path().join(format!("out-{name}"));
@@ -108,9 +177,15 @@ fn oci_layout_matches_umoci_unpack() {
         assert_trees_equal(&reference, &out, &CompareOptions::default());
         // The comparison is only as good as the fixture: make sure the interesting
         // cases are really in it.
-        assert!(!out.join("opaque/lower.txt").exists(), "opaque dir kept a lower file");
+        assert!(
+            !out.join("opaque/lower.txt").exists(),
+            "opaque dir kept a lower file"
+        );
         assert!(out.join("opaque/new.txt").is_file());
-        assert!(!out.join("doomed").is_dir(), "whiteout of a directory ignored");
+        assert!(
+            !out.join("doomed").is_dir(),
+            "whiteout of a directory ignored"
+        );
         assert!(out.join("data/will-be-dir").is_dir());
         assert!(out.join(oci::LONG_FILE).is_file());
         assert!(out.join(oci::DEEP_FILE).is_file());
@@ -137,13 +212,22 @@ fn oci_layout_with_a_corrupt_layer_is_refused() {
     bytes[n - 10] ^= 0xff;
     std::fs::write(&largest, &bytes).unwrap();
     let out = tessera()
-        .args(["build", "--out", s(&t.path().join("img")), "--oci-layout", &format!("{}:v1", s(&image.layout))])
+        .args([
+            "build",
+            "--out",
+            s(&t.path().join("img")),
+            "--oci-layout",
+            &format!("{}:v1", s(&image.layout)),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     let hex = largest.file_name().unwrap().to_str().unwrap();
-    assert!(err.contains(hex) || err.contains("gzip") || err.contains("corrupt"), "{err}");
+    assert!(
+        err.contains(hex) || err.contains("gzip") || err.contains("corrupt"),
+        "{err}"
+    );
 }
 
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
@@ -199,13 +283,19 @@ fn chunk_dict_writes_only_new_chunks() {
 
     let img1 = t.path().join("img1");
     let s1 = build(&img1, &["--dir", s(&v1)]);
-    let s2 = build(&t.path().join("img2"), &["--dir", s(&v2), "--chunk-dict", s(&img1)]);
+    let s2 = build(
+        &t.path().join("img2"),
+        &["--dir", s(&v2), "--chunk-dict", s(&img1)],
+    );
     let s3 = build(&t.path().join("img3"), &["--dir", s(&only_new)]);
     let full = build(&t.path().join("img2-full"), &["--dir", s(&v2)]);
 
     assert_eq!(s2["dict_chunks"], s1["unique_chunks"], "{s2}");
     assert_eq!(new_blob_size(&s2), new_blob_size(&s3), "{s2}");
-    assert_eq!(new_blob_size(&full), new_blob_size(&s1) + new_blob_size(&s3));
+    assert_eq!(
+        new_blob_size(&full),
+        new_blob_size(&s1) + new_blob_size(&s3)
+    );
     assert_eq!(s2["blobs"].as_array().unwrap().len(), 2);
     // The new image dir is complete on its own.
     tessera_ok(&["check", s(&t.path().join("img2"))]);
@@ -230,18 +320,46 @@ fn cdc_survives_an_insertion_fixed_chunking_does_not() {
     std::fs::write(b.join("f"), &edited).unwrap();
     let shared = |chunking: &str| -> (u64, u64) {
         let dict = t.path().join(format!("dict-{chunking}"));
-        build(&dict, &["--dir", s(&a), "--chunking", chunking, "--chunk-size", "64K"]);
+        build(
+            &dict,
+            &[
+                "--dir",
+                s(&a),
+                "--chunking",
+                chunking,
+                "--chunk-size",
+                "64K",
+            ],
+        );
         let summary = build(
             &t.path().join(format!("new-{chunking}")),
-            &["--dir", s(&b), "--chunking", chunking, "--chunk-size", "64K", "--chunk-dict", s(&dict)],
+            &[
+                "--dir",
+                s(&b),
+                "--chunking",
+                chunking,
+                "--chunk-size",
+                "64K",
+                "--chunk-dict",
+                s(&dict),
+            ],
         );
-        (summary["dict_chunks"].as_u64().unwrap(), summary["unique_chunks"].as_u64().unwrap())
+        (
+            summary["dict_chunks"].as_u64().unwrap(),
+            summary["unique_chunks"].as_u64().unwrap(),
+        )
     };
     let (cdc_shared, cdc_total) = shared("cdc");
     let (fixed_shared, fixed_total) = shared("fixed");
     assert!(cdc_total > 50 && fixed_total > 100);
-    assert!(cdc_shared * 10 >= cdc_total * 9, "CDC shares only {cdc_shared} of {cdc_total} chunks");
-    assert!(fixed_shared <= 1, "fixed chunking shares {fixed_shared} of {fixed_total} chunks");
+    assert!(
+        cdc_shared * 10 >= cdc_total * 9,
+        "CDC shares only {cdc_shared} of {cdc_total} chunks"
+    );
+    assert!(
+        fixed_shared <= 1,
+        "fixed chunking shares {fixed_shared} of {fixed_total} chunks"
+    );
 }
 
 /// The prefetch list is recorded, and its files' chunks come first in the blob.
@@ -254,11 +372,22 @@ fn prefetch_list_is_recorded_and_placed_first() {
     std::fs::write(src.join("usr/bin/app"), random_bytes(4, 300_000)).unwrap();
     let list = t.path().join("prefetch.txt");
     std::fs::write(&list, "# start-up files\n/usr/bin/app\n/not/there\n").unwrap();
-    let summary = build(&t.path().join("img"), &["--dir", s(&src), "--prefetch-list", s(&list)]);
-    assert_eq!(summary["prefetch_missing"], serde_json::json!(["/not/there"]));
-    let listing: serde_json::Value =
-        serde_json::from_slice(&tessera_ok(&["inspect", "--json", s(&t.path().join("img"))]).stdout).unwrap();
-    assert_eq!(listing["stats"]["prefetch"], serde_json::json!(["/usr/bin/app"]));
+    let summary = build(
+        &t.path().join("img"),
+        &["--dir", s(&src), "--prefetch-list", s(&list)],
+    );
+    assert_eq!(
+        summary["prefetch_missing"],
+        serde_json::json!(["/not/there"])
+    );
+    let listing: serde_json::Value = serde_json::from_slice(
+        &tessera_ok(&["inspect", "--json", s(&t.path().join("img"))]).stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        listing["stats"]["prefetch"],
+        serde_json::json!(["/usr/bin/app"])
+    );
     let b = Bootstrap::open(&t.path().join("img/bootstrap")).unwrap();
     let app = b.resolve(b"usr/bin/app").unwrap().unwrap();
     let first = b.file_chunks(&app).unwrap()[0].chunk.unwrap();
@@ -274,7 +403,11 @@ fn cli_reports_corruption() {
     std::fs::write(src.join("file"), random_bytes(5, 100_000)).unwrap();
     let img = t.path().join("img");
     let summary = build(&img, &["--dir", s(&src)]);
-    let blob = summary["new_blob"]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let blob = summary["new_blob"]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
     let blob_path = img.join("blobs").join(&blob);
     let mut bytes = std::fs::read(&blob_path).unwrap();
     bytes[50_000] ^= 0x01;
@@ -284,18 +417,28 @@ fn cli_reports_corruption() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("file /file"), "{err}");
     assert!(err.contains("chunk 0 "), "{err}");
-    assert!(err.contains(&format!("blob sha256:{blob} at offset 0")), "{err}");
+    assert!(
+        err.contains(&format!("blob sha256:{blob} at offset 0")),
+        "{err}"
+    );
     assert!(err.contains("digest mismatch"), "{err}");
     // A truncated bootstrap is named as such by every command.
     let boot = img.join("bootstrap");
     let b = std::fs::read(&boot).unwrap();
     std::fs::write(&boot, &b[..b.len() / 2]).unwrap();
-    for cmd in [&["inspect"][..], &["check"], &["unpack", "--to", s(&t.path().join("x"))]] {
+    for cmd in [
+        &["inspect"][..],
+        &["check"],
+        &["unpack", "--to", s(&t.path().join("x"))],
+    ] {
         let mut args = cmd.to_vec();
         args.insert(1, s(&img));
         let out = tessera().args(&args).output().unwrap();
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("bootstrap_size") || err.contains("truncated"), "{cmd:?}: {err}");
+        assert!(
+            err.contains("bootstrap_size") || err.contains("truncated"),
+            "{cmd:?}: {err}"
+        );
     }
 }

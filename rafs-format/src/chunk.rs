@@ -31,6 +31,18 @@ impl Default for Chunking {
     }
 }
 
+impl std::fmt::Display for Chunking {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kib = |n: u32| format!("{}K", n / 1024);
+        match *self {
+            Chunking::Fixed { size } => write!(f, "fixed {}", kib(size)),
+            Chunking::Cdc { min, avg, max } => {
+                write!(f, "cdc min {} avg {} max {}", kib(min), kib(avg), kib(max))
+            }
+        }
+    }
+}
+
 impl Chunking {
     /// Why these parameters are not allowed, if they are not.
     pub fn validate(&self) -> Result<(), String> {
@@ -43,13 +55,22 @@ impl Chunking {
                 }
             }
             Chunking::Cdc { min, avg, max } => {
-                use fastcdc::v2020::{AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MINIMUM_MIN};
+                use fastcdc::v2020::{
+                    AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MAXIMUM_MIN, MINIMUM_MAX, MINIMUM_MIN,
+                };
                 if !(min < avg && avg < max) {
-                    return Err(format!("CDC sizes must satisfy min < avg < max (got {min}/{avg}/{max})"));
-                }
-                if min < MINIMUM_MIN.max(MIN_CHUNK_SIZE / 4) || avg < AVERAGE_MIN || avg > AVERAGE_MAX || max > MAXIMUM_MAX.min(MAX_CHUNK_SIZE) {
                     return Err(format!(
-                        "CDC sizes {min}/{avg}/{max} out of range: min >= 1 KiB, avg <= {AVERAGE_MAX}, max <= 16 MiB"
+                        "CDC sizes must satisfy min < avg < max (got {min}/{avg}/{max})"
+                    ));
+                }
+                // FastCDC's own limits (it asserts them), and ours: no chunk under 1 KiB.
+                let min_ok = (MINIMUM_MIN.max(MIN_CHUNK_SIZE / 4)..=MINIMUM_MAX).contains(&min);
+                let avg_ok = (AVERAGE_MIN..=AVERAGE_MAX).contains(&avg);
+                let max_ok = (MAXIMUM_MIN..=MAXIMUM_MAX.min(MAX_CHUNK_SIZE)).contains(&max);
+                if !(min_ok && avg_ok && max_ok) {
+                    return Err(format!(
+                        "CDC sizes min {min} / avg {avg} / max {max} out of range: \
+                         min 1 KiB..=1 MiB, avg 256 B..=4 MiB, max 1 KiB..=16 MiB"
                     ));
                 }
             }
@@ -275,6 +296,44 @@ mod tests {
         let (stored, used) = compress(&text, Compression::Gzip, 6);
         assert!(decompress(&stored, used, 9999).is_err());
         assert!(decompress(&stored[..stored.len() - 3], used, 10000).is_err());
+    }
+
+    #[test]
+    fn chunking_limits_are_enforced_before_fastcdc_asserts_them() {
+        assert!(Chunking::default().validate().is_ok());
+        assert!(Chunking::Cdc {
+            min: 64 << 10,
+            avg: 256 << 10,
+            max: 1 << 20
+        }
+        .validate()
+        .is_ok());
+        for bad in [
+            Chunking::Fixed { size: 3000 },
+            Chunking::Fixed { size: 32 << 20 },
+            Chunking::Cdc {
+                min: 2 << 20,
+                avg: 4 << 20,
+                max: 8 << 20,
+            },
+            Chunking::Cdc {
+                min: 2 << 20,
+                avg: 8 << 20,
+                max: 16 << 20,
+            },
+            Chunking::Cdc {
+                min: 100,
+                avg: 200,
+                max: 300,
+            },
+            Chunking::Cdc {
+                min: 4096,
+                avg: 2048,
+                max: 8192,
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -10,14 +10,15 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read or written.
-    #[error("{action} {path}: {source}")]
+    // The cause is part of the message rather than a `source()`, so that printing the
+    // error chain does not repeat it.
+    #[error("{action} {path}: {cause}")]
     Io {
         /// What was being done, as a verb phrase ("read bootstrap").
         action: &'static str,
         /// The file concerned.
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     /// The bootstrap does not start with the Tessera magic bytes.
@@ -25,11 +26,15 @@ pub enum Error {
     BadMagic { found: Vec<u8>, expected: Vec<u8> },
 
     /// The bootstrap was written by a format version this reader does not know.
-    #[error("bootstrap format version {found} is not supported (this build reads version {supported})")]
+    #[error(
+        "bootstrap format version {found} is not supported (this build reads version {supported})"
+    )]
     UnsupportedVersion { found: u32, supported: u32 },
 
     /// The bootstrap is shorter than a structure inside it claims.
-    #[error("bootstrap truncated: {what} needs bytes {start}..{end} but the bootstrap has {len} bytes")]
+    #[error(
+        "bootstrap truncated: {what} needs bytes {start}..{end} but the bootstrap has {len} bytes"
+    )]
     Truncated {
         what: String,
         start: u64,
@@ -68,12 +73,11 @@ pub enum Error {
     },
 
     /// A chunk of a file failed; names the file so people know what is affected.
-    #[error("file {path} at offset {file_offset}: {source}")]
+    #[error("file {path} at offset {file_offset}: {cause}")]
     InFile {
         path: String,
         file_offset: u64,
-        #[source]
-        source: Box<Error>,
+        cause: Box<Error>,
     },
 
     /// A blob file does not match the digest or size recorded for it.
@@ -87,6 +91,10 @@ pub enum Error {
         entry: String,
         reason: String,
     },
+
+    /// A file of the input cannot be represented in an image.
+    #[error("input {path}: {reason}")]
+    InvalidInput { path: PathBuf, reason: String },
 
     /// An OCI image layout could not be read.
     #[error("OCI image layout {path}: {reason}")]
@@ -110,7 +118,7 @@ impl Error {
         Error::Io {
             action,
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 

@@ -1,6 +1,8 @@
 //! A corrupt, truncated or hostile bootstrap or blob gets a typed error naming what is
 //! wrong — never a panic, never a wrong answer.
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 use std::path::Path;
 
 use rafs_format::builder::{BuildOptions, Builder};
@@ -51,7 +53,9 @@ fn every_truncation_is_an_error() {
                 .expect_err(&format!("truncated to {len} bytes must fail"));
             let msg = err.to_string();
             assert!(
-                msg.contains("truncated") || msg.contains("bootstrap_size") || msg.contains("magic"),
+                msg.contains("truncated")
+                    || msg.contains("bootstrap_size")
+                    || msg.contains("magic"),
                 "truncation to {len}: unhelpful error {msg}"
             );
         }
@@ -66,7 +70,8 @@ fn every_flipped_byte_is_caught_by_the_checksum() {
     for i in 0..bytes.len() {
         let mut bad = bytes.clone();
         bad[i] ^= 0x5a;
-        let err = open_and_validate(bad, Verify::Checksum).expect_err(&format!("flip at {i} must fail"));
+        let err =
+            open_and_validate(bad, Verify::Checksum).expect_err(&format!("flip at {i} must fail"));
         if !(8..12).contains(&i) && !(48..56).contains(&i) && i >= 8 {
             assert!(
                 matches!(err, Error::ChecksumMismatch { .. }),
@@ -106,7 +111,10 @@ fn random_mutations_without_checksum_never_panic() {
             errors += 1;
         }
     }
-    assert!(errors > 1000, "only {errors} of 20000 mutations were detected");
+    assert!(
+        errors > 1000,
+        "only {errors} of 20000 mutations were detected"
+    );
 }
 
 #[test]
@@ -114,7 +122,10 @@ fn random_bytes_are_not_a_bootstrap() {
     for len in [0usize, 10, 255, 256, 4096] {
         let junk: Vec<u8> = (0..len).map(|i| (i * 31 % 256) as u8).collect();
         let err = Bootstrap::from_bytes(junk, Verify::Checksum).unwrap_err();
-        assert!(matches!(err, Error::BadMagic { .. } | Error::Truncated { .. }), "{err}");
+        assert!(
+            matches!(err, Error::BadMagic { .. } | Error::Truncated { .. }),
+            "{err}"
+        );
     }
 }
 
@@ -153,7 +164,10 @@ fn a_flipped_blob_byte_names_the_chunk_and_file() {
         let err = image::check(&img).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains(&format!("chunk {c} ")), "{msg}");
-        assert!(msg.contains(&format!("at offset {}", chunk.compressed_offset)), "{msg}");
+        assert!(
+            msg.contains(&format!("at offset {}", chunk.compressed_offset)),
+            "{msg}"
+        );
         assert!(msg.contains("file /"), "{msg}");
     }
     std::fs::write(&blob_path, &pristine).unwrap();

@@ -3,6 +3,8 @@
 //! few small seeds), through the same `rafs_format::fuzzing` functions the fuzzer runs.
 //! A panic here is a regression; see `fuzz/README.md` to fuzz for new ones.
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 use std::path::{Path, PathBuf};
 
 fn inputs(target: &str) -> Vec<PathBuf> {

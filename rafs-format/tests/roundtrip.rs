@@ -3,6 +3,8 @@
 //! Trees are generated as models, written as a PAX tar layer with the `tar` crate, built
 //! with the builder and read back through the reader alone (bootstrap + local blobs).
 
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
@@ -54,40 +56,57 @@ fn entry() -> impl Strategy<Value = Entry> {
         any::<u32>(),
         any::<u32>(),
         (0i64..4_000_000_000, 0u32..1_000_000_000),
-        proptest::collection::btree_map("user\\.[a-z]{1,8}", proptest::collection::vec(any::<u8>(), 0..20), 0..3),
+        proptest::collection::btree_map(
+            "user\\.[a-z]{1,8}",
+            proptest::collection::vec(any::<u8>(), 0..20),
+            0..3,
+        ),
     )
-        .prop_map(|(kind, perm, uid, gid, mtime, xattrs)| Entry { kind, perm, uid, gid, mtime, xattrs })
+        .prop_map(|(kind, perm, uid, gid, mtime, xattrs)| Entry {
+            kind,
+            perm,
+            uid,
+            gid,
+            mtime,
+            xattrs,
+        })
 }
 
 /// A tree: unique paths of up to three components from a small alphabet (so that
 /// directories get several entries), every parent a directory.
 fn tree() -> impl Strategy<Value = BTreeMap<String, Entry>> {
-    proptest::collection::btree_map("[a-dé]{1,3}(/[a-d]{1,2}){0,2}", entry(), 1..25).prop_map(|mut m| {
-        let paths: Vec<String> = m.keys().cloned().collect();
-        for p in paths {
-            let mut parent = p.as_str();
-            while let Some((head, _)) = parent.rsplit_once('/') {
-                let e = m.entry(head.to_string()).or_insert_with(|| Entry {
-                    kind: Kind::Dir,
-                    perm: 0o755,
-                    uid: 0,
-                    gid: 0,
-                    mtime: (0, 0),
-                    xattrs: BTreeMap::new(),
-                });
-                e.kind = Kind::Dir;
-                parent = head;
+    proptest::collection::btree_map("[a-dé]{1,3}(/[a-d]{1,2}){0,2}", entry(), 1..25).prop_map(
+        |mut m| {
+            let paths: Vec<String> = m.keys().cloned().collect();
+            for p in paths {
+                let mut parent = p.as_str();
+                while let Some((head, _)) = parent.rsplit_once('/') {
+                    let e = m.entry(head.to_string()).or_insert_with(|| Entry {
+                        kind: Kind::Dir,
+                        perm: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        mtime: (0, 0),
+                        xattrs: BTreeMap::new(),
+                    });
+                    e.kind = Kind::Dir;
+                    parent = head;
+                }
             }
-        }
-        m
-    })
+            m
+        },
+    )
 }
 
 fn options() -> impl Strategy<Value = BuildOptions> {
     let chunking = prop_oneof![
         Just(Chunking::Fixed { size: 4096 }),
         Just(Chunking::Fixed { size: 1 << 20 }),
-        Just(Chunking::Cdc { min: 1024, avg: 4096, max: 16384 }),
+        Just(Chunking::Cdc {
+            min: 1024,
+            avg: 4096,
+            max: 16384
+        }),
     ];
     let compression = prop_oneof![
         Just((Compression::Zstd, 3)),
@@ -95,19 +114,24 @@ fn options() -> impl Strategy<Value = BuildOptions> {
         Just((Compression::None, 0)),
     ];
     let digest = prop_oneof![Just(DigestAlgo::Sha256), Just(DigestAlgo::Blake3)];
-    (chunking, compression, digest).prop_map(|(chunking, (compression, level), digest)| BuildOptions {
-        chunking,
-        compression,
-        compression_level: level,
-        digest,
-        ..BuildOptions::default()
+    (chunking, compression, digest).prop_map(|(chunking, (compression, level), digest)| {
+        BuildOptions {
+            chunking,
+            compression,
+            compression_level: level,
+            digest,
+            ..BuildOptions::default()
+        }
     })
 }
 
 fn to_tar(tree: &BTreeMap<String, Entry>) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for (path, e) in tree {
-        let mut pax = vec![("mtime".to_string(), format!("{}.{:09}", e.mtime.0, e.mtime.1).into_bytes())];
+        let mut pax = vec![(
+            "mtime".to_string(),
+            format!("{}.{:09}", e.mtime.0, e.mtime.1).into_bytes(),
+        )];
         pax.push(("uid".into(), e.uid.to_string().into_bytes()));
         pax.push(("gid".into(), e.gid.to_string().into_bytes()));
         if let Kind::Symlink(t) = &e.kind {
@@ -117,7 +141,8 @@ fn to_tar(tree: &BTreeMap<String, Entry>) -> Vec<u8> {
         for (k, v) in &e.xattrs {
             pax.push((format!("SCHILY.xattr.{k}"), v.clone()));
         }
-        b.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice()))).unwrap();
+        b.append_pax_extensions(pax.iter().map(|(k, v)| (k.as_str(), v.as_slice())))
+            .unwrap();
         let mut h = tar::Header::new_ustar();
         h.set_mode(e.perm);
         h.set_mtime(e.mtime.0 as u64);

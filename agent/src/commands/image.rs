@@ -70,12 +70,25 @@ pub struct BuildArgs {
     json: bool,
 }
 
+/// Writes a command's output to stdout; a closed pipe (`tessera inspect | head`) ends
+/// the output quietly instead of failing.
+fn print_out(text: impl std::fmt::Display) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{text}").and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("write to standard output"),
+    }
+}
+
 /// Parses `4096`, `64K`, `1M`, `1MiB`, `16m`.
 fn parse_size(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(digits_end);
-    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not a size like 4096, 64K or 1M"))?;
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 4096, 64K or 1M"))?;
     let mult: u64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
@@ -101,11 +114,15 @@ fn read_prefetch_list(path: &PathBuf) -> Result<Vec<String>> {
 impl BuildArgs {
     fn options(&self) -> Result<BuildOptions> {
         let chunking = match self.chunking {
-            ChunkingArg::Fixed => Chunking::Fixed { size: self.chunk_size },
+            ChunkingArg::Fixed => Chunking::Fixed {
+                size: self.chunk_size,
+            },
             ChunkingArg::Cdc => Chunking::Cdc {
                 min: self.cdc_min.unwrap_or(self.chunk_size / 4),
                 avg: self.chunk_size,
-                max: self.cdc_max.unwrap_or((self.chunk_size.saturating_mul(4)).min(16 << 20)),
+                max: self
+                    .cdc_max
+                    .unwrap_or((self.chunk_size.saturating_mul(4)).min(16 << 20)),
             },
         };
         let compression = match self.compression {
@@ -137,7 +154,9 @@ impl BuildArgs {
 /// Splits `DIR:TAG` (a tag has no `/`), keeping paths with colons intact.
 fn split_layout_ref(s: &str) -> (PathBuf, Option<&str>) {
     match s.rsplit_once(':') {
-        Some((dir, tag)) if !tag.is_empty() && !tag.contains('/') => (PathBuf::from(dir), Some(tag)),
+        Some((dir, tag)) if !tag.is_empty() && !tag.contains('/') => {
+            (PathBuf::from(dir), Some(tag))
+        }
         _ => (PathBuf::from(s), None),
     }
 }
@@ -167,11 +186,13 @@ pub fn build(args: BuildArgs) -> Result<()> {
     }
     let summary = builder.finish().context("write image")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        print_out(format_args!(
+            "{}\n",
+            serde_json::to_string_pretty(&summary)?
+        ))
     } else {
-        print!("{summary}");
+        print_out(&summary)
     }
-    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -187,11 +208,13 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     let listing = image::inspect(&args.image)
         .with_context(|| format!("inspect image {}", args.image.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&listing)?);
+        print_out(format_args!(
+            "{}\n",
+            serde_json::to_string_pretty(&listing)?
+        ))
     } else {
-        print!("{listing}");
+        print_out(&listing)
     }
-    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -206,18 +229,17 @@ pub fn check(args: CheckArgs) -> Result<()> {
     let report = image::check(&args.image)
         .with_context(|| format!("image {} is corrupt", args.image.display()))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        print_out(format_args!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
-        println!(
-            "image {} is sound: {} files, {} chunks ({} bytes) and {} blobs verified",
+        print_out(format_args!(
+            "image {} is sound: {} files, {} chunks ({} bytes) and {} blobs verified\n",
             args.image.display(),
             report.files,
             report.chunks_verified,
             report.bytes_verified,
             report.blobs_verified
-        );
+        ))
     }
-    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -250,7 +272,10 @@ pub fn unpack(args: UnpackArgs) -> Result<()> {
         summary.entries,
         summary.file_bytes,
         if summary.skipped_sockets > 0 {
-            format!(" ({} sockets left out: tar cannot hold them)", summary.skipped_sockets)
+            format!(
+                " ({} sockets left out: tar cannot hold them)",
+                summary.skipped_sockets
+            )
         } else {
             String::new()
         }
@@ -273,7 +298,10 @@ mod tests {
 
     #[test]
     fn layout_refs_split_on_the_tag() {
-        assert_eq!(split_layout_ref("img:v1"), (PathBuf::from("img"), Some("v1")));
+        assert_eq!(
+            split_layout_ref("img:v1"),
+            (PathBuf::from("img"), Some("v1"))
+        );
         assert_eq!(split_layout_ref("/a/b"), (PathBuf::from("/a/b"), None));
         assert_eq!(split_layout_ref("/a:b/c"), (PathBuf::from("/a:b/c"), None));
     }

@@ -54,7 +54,8 @@ pub(crate) fn apply_layer(
 }
 
 fn entry_meta(e: &TarEntry) -> Result<Meta, String> {
-    let id = |what, n: u64| u32::try_from(n).map_err(|_| format!("{what} {n} does not fit in 32 bits"));
+    let id =
+        |what, n: u64| u32::try_from(n).map_err(|_| format!("{what} {n} does not fit in 32 bits"));
     Ok(Meta {
         perm: e.mode,
         uid: id("uid", e.uid)?,
@@ -63,6 +64,30 @@ fn entry_meta(e: &TarEntry) -> Result<Meta, String> {
         mtime_nsec: e.mtime.1,
         xattrs: e.xattrs.iter().cloned().collect::<BTreeMap<_, _>>(),
     })
+}
+
+/// Makes `dir` opaque: everything lower layers put beneath it disappears, while what
+/// this layer put there stays wherever the marker came in the tar. A subdirectory
+/// from a lower layer survives only as a path to this layer's entries, emptied of
+/// its lower contents.
+fn hide_lower_entries(tree: &mut Tree, dir: NodeId, layer: u32) {
+    let names: Vec<(Vec<u8>, Child)> = match tree.children(dir) {
+        Some(children) => children.iter().map(|(n, c)| (n.clone(), *c)).collect(),
+        None => return,
+    };
+    for (name, child) in names {
+        let is_dir = matches!(tree.node(child.node).data, NodeData::Dir(_));
+        if is_dir {
+            hide_lower_entries(tree, child.node, layer);
+        }
+        let keep = child.layer >= layer
+            || (is_dir && tree.children(child.node).is_some_and(|c| !c.is_empty()));
+        if !keep {
+            if let Some(children) = tree.children_mut(dir) {
+                children.remove(&name);
+            }
+        }
+    }
 }
 
 /// A directory node made for a path whose parents a layer did not list.
@@ -110,6 +135,8 @@ fn apply_entry(
 ) -> Result<(), String> {
     let comps = components(&entry.path).ok_or("path has a '..' component")?;
     let meta = entry_meta(entry)?;
+    meta.validate()
+        .map_err(|why| format!("bad metadata: {why}"))?;
 
     let Some((name, parent_comps)) = comps.split_last() else {
         // The root itself ("./"): only its metadata can change.
@@ -122,22 +149,24 @@ fn apply_entry(
     if let Err(why) = check_name(name) {
         return Err(format!("bad file name: {why}"));
     }
-    let parent = ensure_dir(tree, parent_comps, layer)?;
-
     if name.starts_with(WHITEOUT_PREFIX) {
-        let lower = |c: &Child| c.layer < layer;
-        if let Some(children) = tree.children_mut(parent) {
-            if *name == OPAQUE_MARKER {
-                children.retain(|_, c| !lower(c));
-            } else if !name.starts_with(b".wh..wh.") {
-                let target = &name[WHITEOUT_PREFIX.len()..];
-                if children.get(target).is_some_and(lower) {
+        // A whiteout in a directory that does not exist hides nothing.
+        let Some(parent) = tree.lookup(parent_comps) else {
+            return Ok(());
+        };
+        if *name == OPAQUE_MARKER {
+            hide_lower_entries(tree, parent, layer);
+        } else if !name.starts_with(b".wh..wh.") {
+            let target = &name[WHITEOUT_PREFIX.len()..];
+            if let Some(children) = tree.children_mut(parent) {
+                if children.get(target).is_some_and(|c| c.layer < layer) {
                     children.remove(target);
                 }
             }
         }
         return Ok(());
     }
+    let parent = ensure_dir(tree, parent_comps, layer)?;
 
     let existing = tree.children(parent).and_then(|c| c.get(*name)).copied();
     let data = match entry.kind {
@@ -147,7 +176,13 @@ fn apply_entry(
                     // A directory listed again keeps its contents; only metadata changes.
                     tree.node_mut(child.node).meta = meta;
                     if let Some(ch) = tree.children_mut(parent) {
-                        ch.insert(name.to_vec(), Child { node: child.node, layer });
+                        ch.insert(
+                            name.to_vec(),
+                            Child {
+                                node: child.node,
+                                layer,
+                            },
+                        );
                     }
                     return Ok(());
                 }
@@ -159,14 +194,21 @@ fn apply_entry(
                 .add_file(tar.data())
                 .map_err(|e| format!("read file data: {e}"))?;
             if size != entry.size {
-                return Err(format!("file data is {size} bytes, the header says {}", entry.size));
+                return Err(format!(
+                    "file data is {size} bytes, the header says {}",
+                    entry.size
+                ));
             }
             NodeData::File { size, pieces }
         }
         EntryType::Hardlink => {
-            let target_comps = components(&entry.link_name).ok_or("hardlink target has a '..' component")?;
+            let target_comps =
+                components(&entry.link_name).ok_or("hardlink target has a '..' component")?;
             let node = tree.lookup(&target_comps).ok_or_else(|| {
-                format!("hardlink target {:?} does not exist", String::from_utf8_lossy(&entry.link_name))
+                format!(
+                    "hardlink target {:?} does not exist",
+                    String::from_utf8_lossy(&entry.link_name)
+                )
             })?;
             if matches!(tree.node(node).data, NodeData::Dir(_)) {
                 return Err("hardlink to a directory".into());
@@ -183,7 +225,11 @@ fn apply_entry(
             NodeData::Symlink(entry.link_name.clone())
         }
         EntryType::Char | EntryType::Block => NodeData::Special {
-            kind: if entry.kind == EntryType::Char { FileKind::CharDevice } else { FileKind::BlockDevice },
+            kind: if entry.kind == EntryType::Char {
+                FileKind::CharDevice
+            } else {
+                FileKind::BlockDevice
+            },
             major: entry.dev_major,
             minor: entry.dev_minor,
         },

@@ -88,7 +88,12 @@ impl std::fmt::Display for BuildSummary {
             "  files      {} ({} regular, {} directories, {} symlinks, {} other)",
             self.inodes, self.regular_files, self.directories, self.symlinks, self.other_files
         )?;
-        writeln!(f, "  bytes in   {:.1} MiB read, {:.1} MiB in the final tree", mib(self.bytes_in), mib(self.file_bytes))?;
+        writeln!(
+            f,
+            "  bytes in   {:.1} MiB read, {:.1} MiB in the final tree",
+            mib(self.bytes_in),
+            mib(self.file_bytes)
+        )?;
         writeln!(
             f,
             "  chunks     {} ({} unique, {} from the chunk dictionary, {} holes)",
@@ -101,14 +106,25 @@ impl std::fmt::Display for BuildSummary {
             mib(self.new_blob.as_ref().map_or(0, |b| b.size)),
             self.bootstrap_bytes as f64 / 1024.0
         )?;
-        writeln!(f, "  dedup      {:.2}x, compression {:.2}x", self.dedup_ratio, self.compression_ratio)?;
-        writeln!(f, "  time       {:.2} s, {:.1} MB/s", self.seconds, self.mb_per_s)?;
+        writeln!(
+            f,
+            "  dedup      {:.2}x, compression {:.2}x",
+            self.dedup_ratio, self.compression_ratio
+        )?;
+        writeln!(
+            f,
+            "  time       {:.2} s, {:.1} MB/s",
+            self.seconds, self.mb_per_s
+        )?;
         writeln!(f, "  bootstrap  {}", self.bootstrap_digest)?;
         for b in &self.blobs {
             writeln!(f, "  blob       {} ({} bytes)", b.digest, b.size)?;
         }
         for p in &self.prefetch_missing {
-            writeln!(f, "  warning    prefetch path {p:?} is not in the image; skipped")?;
+            writeln!(
+                f,
+                "  warning    prefetch path {p:?} is not in the image; skipped"
+            )?;
         }
         Ok(())
     }
@@ -131,7 +147,8 @@ impl Builder {
         opts.validate()?;
         let started = Instant::now();
         if out_dir.exists() {
-            let mut entries = std::fs::read_dir(out_dir).map_err(|e| Error::io("read output directory", out_dir, e))?;
+            let mut entries = std::fs::read_dir(out_dir)
+                .map_err(|e| Error::io("read output directory", out_dir, e))?;
             if entries.next().is_some() {
                 return Err(Error::InvalidOption(format!(
                     "output directory {} is not empty: pass a new or empty directory",
@@ -141,7 +158,8 @@ impl Builder {
         }
         let blobs = out_dir.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|e| Error::io("create", &blobs, e))?;
-        let spool = tempfile::tempfile_in(&blobs).map_err(|e| Error::io("create chunk spool in", &blobs, e))?;
+        let spool = tempfile::tempfile_in(&blobs)
+            .map_err(|e| Error::io("create chunk spool in", &blobs, e))?;
         let store = ChunkStore::new(&opts, spool)?;
         let root = Meta {
             perm: 0o755,
@@ -181,9 +199,13 @@ impl Builder {
         for desc in &image.layers {
             let mut reader = oci_layout::open_layer(layout, desc)?;
             self.add_layer(&mut reader)?;
-            let (digest, size) = reader
-                .finish()
-                .map_err(|e| Error::io("read layer", oci_layout::blob_path(layout, desc.digest().as_ref()).unwrap_or_default(), e))?;
+            let (digest, size) = reader.finish().map_err(|e| {
+                Error::io(
+                    "read layer",
+                    oci_layout::blob_path(layout, desc.digest().as_ref()).unwrap_or_default(),
+                    e,
+                )
+            })?;
             if digest != desc.digest().to_string() || size != desc.size() {
                 return Err(Error::OciLayout {
                     path: layout.to_path_buf(),

@@ -31,7 +31,10 @@ pub(crate) fn blob_path(layout: &Path, digest: &str) -> Result<PathBuf> {
         .split_once(':')
         .ok_or_else(|| err(layout, format!("digest {digest:?} has no algorithm")))?;
     if algo != "sha256" || hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(err(layout, format!("digest {digest:?} is not a sha256 digest")));
+        return Err(err(
+            layout,
+            format!("digest {digest:?} is not a sha256 digest"),
+        ));
     }
     Ok(layout.join("blobs").join(algo).join(hex))
 }
@@ -98,8 +101,12 @@ fn resolve(layout: &Path, desc: &Descriptor, depth: u32) -> Result<LayoutImage> 
     let bytes = read_verified(layout, desc)?;
     match desc.media_type() {
         MediaType::ImageIndex => {
-            let index: ImageIndex = serde_json::from_slice(&bytes)
-                .map_err(|e| err(layout, format!("{} is not an OCI index: {e}", desc.digest())))?;
+            let index: ImageIndex = serde_json::from_slice(&bytes).map_err(|e| {
+                err(
+                    layout,
+                    format!("{} is not an OCI index: {e}", desc.digest()),
+                )
+            })?;
             let (os, arch) = host_platform();
             let chosen = index
                 .manifests()
@@ -109,12 +116,20 @@ fn resolve(layout: &Path, desc: &Descriptor, depth: u32) -> Result<LayoutImage> 
                         p.os().to_string() == os && p.architecture().to_string() == arch
                     })
                 })
-                .ok_or_else(|| err(layout, format!("no manifest for {os}/{arch} in {}", desc.digest())))?;
+                .ok_or_else(|| {
+                    err(
+                        layout,
+                        format!("no manifest for {os}/{arch} in {}", desc.digest()),
+                    )
+                })?;
             resolve(layout, chosen, depth + 1)
         }
         _ => {
             let manifest: ImageManifest = serde_json::from_slice(&bytes).map_err(|e| {
-                err(layout, format!("{} is not an OCI image manifest: {e}", desc.digest()))
+                err(
+                    layout,
+                    format!("{} is not an OCI image manifest: {e}", desc.digest()),
+                )
             })?;
             Ok(LayoutImage {
                 layers: manifest.layers().clone(),
@@ -132,7 +147,9 @@ pub(crate) struct VerifyingReader<R> {
 
 impl<R> std::fmt::Debug for VerifyingReader<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerifyingReader").field("read", &self.read).finish()
+        f.debug_struct("VerifyingReader")
+            .field("read", &self.read)
+            .finish()
     }
 }
 
@@ -157,7 +174,10 @@ impl<R: Read> VerifyingReader<R> {
     /// Reads what is left and returns (`sha256:<hex>`, total bytes).
     pub fn finish(mut self) -> std::io::Result<(String, u64)> {
         std::io::copy(&mut self, &mut std::io::sink())?;
-        Ok((format!("sha256:{}", hex::encode(self.hasher.finalize())), self.read))
+        Ok((
+            format!("sha256:{}", hex::encode(self.hasher.finalize())),
+            self.read,
+        ))
     }
 }
 

@@ -16,7 +16,9 @@ fn meta_of(path: &Path, md: &Metadata) -> Result<Meta> {
     let mut xattrs = BTreeMap::new();
     let names = xattr::list(path).map_err(|e| Error::io("list xattrs of", path, e))?;
     for name in names {
-        if let Some(value) = xattr::get(path, &name).map_err(|e| Error::io("read xattr of", path, e))? {
+        if let Some(value) =
+            xattr::get(path, &name).map_err(|e| Error::io("read xattr of", path, e))?
+        {
             xattrs.insert(name.as_bytes().to_vec(), value);
         }
     }
@@ -76,8 +78,17 @@ pub(crate) fn add_dir(tree: &mut Tree, store: &mut ChunkStore, root: &Path) -> R
     Ok(())
 }
 
-fn add_entry(tree: &mut Tree, store: &mut ChunkStore, path: &Path, md: &Metadata) -> Result<NodeId> {
+fn add_entry(
+    tree: &mut Tree,
+    store: &mut ChunkStore,
+    path: &Path,
+    md: &Metadata,
+) -> Result<NodeId> {
     let meta = meta_of(path, md)?;
+    meta.validate().map_err(|why| Error::InvalidInput {
+        path: path.to_path_buf(),
+        reason: why,
+    })?;
     let ft = md.file_type();
     let rdev = md.rdev();
     let special = |kind| NodeData::Special {
@@ -99,9 +110,17 @@ fn add_entry(tree: &mut Tree, store: &mut ChunkStore, path: &Path, md: &Metadata
     } else if ft.is_block_device() {
         special(FileKind::BlockDevice)
     } else if ft.is_fifo() {
-        NodeData::Special { kind: FileKind::Fifo, major: 0, minor: 0 }
+        NodeData::Special {
+            kind: FileKind::Fifo,
+            major: 0,
+            minor: 0,
+        }
     } else {
-        NodeData::Special { kind: FileKind::Socket, major: 0, minor: 0 }
+        NodeData::Special {
+            kind: FileKind::Socket,
+            major: 0,
+            minor: 0,
+        }
     };
     Ok(tree.add_node(Node { meta, data }))
 }

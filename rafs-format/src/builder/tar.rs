@@ -99,7 +99,9 @@ pub(crate) fn parse_pax(mut data: &[u8]) -> io::Result<HashMap<String, Vec<u8>>>
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| bad("PAX record length is not a number"))?;
         if len <= space + 1 || len > data.len() || data[len - 1] != b'\n' {
-            return Err(bad(format!("PAX record length {len} does not fit the record")));
+            return Err(bad(format!(
+                "PAX record length {len} does not fit the record"
+            )));
         }
         let record = &data[space + 1..len - 1];
         let eq = record
@@ -161,7 +163,10 @@ impl<R: Read> TarReader<R> {
     fn skip(&mut self, n: u64) -> io::Result<()> {
         let copied = io::copy(&mut (&mut self.inner).take(n), &mut io::sink())?;
         if copied != n {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "archive ends inside an entry"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "archive ends inside an entry",
+            ));
         }
         Ok(())
     }
@@ -175,7 +180,10 @@ impl<R: Read> TarReader<R> {
                 if filled == 0 {
                     return Ok(false);
                 }
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "archive ends inside a header"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "archive ends inside a header",
+                ));
             }
             filled += n;
         }
@@ -195,7 +203,10 @@ impl<R: Read> TarReader<R> {
         let mut buf = Vec::with_capacity(size as usize);
         self.data().read_to_end(&mut buf)?;
         if buf.len() as u64 != size {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("archive ends inside a {what}")));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("archive ends inside a {what}"),
+            ));
         }
         Ok(buf)
     }
@@ -222,16 +233,41 @@ impl<R: Read> TarReader<R> {
                 return Ok(None);
             }
             let stored = parse_number(&h[148..156], "checksum")?;
-            let unsigned: u64 = h.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { u64::from(b) }).sum();
-            let signed: i64 = h.iter().enumerate().map(|(i, &b)| if (148..156).contains(&i) { 32 } else { i64::from(b as i8) }).sum();
+            let unsigned: u64 = h
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| {
+                    if (148..156).contains(&i) {
+                        32
+                    } else {
+                        u64::from(b)
+                    }
+                })
+                .sum();
+            let signed: i64 = h
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| {
+                    if (148..156).contains(&i) {
+                        32
+                    } else {
+                        i64::from(b as i8)
+                    }
+                })
+                .sum();
             if stored != unsigned && stored as i64 != signed {
-                return Err(bad(format!("header checksum {stored} does not match the header ({unsigned})")));
+                return Err(bad(format!(
+                    "header checksum {stored} does not match the header ({unsigned})"
+                )));
             }
             self.count += 1;
             let typeflag = h[156];
             let size = parse_number(&h[124..136], "size")?;
             let pax_size = pax.get("size").map(|v| {
-                std::str::from_utf8(v).ok().and_then(|s| s.parse::<u64>().ok()).ok_or_else(|| bad("PAX size is not a number"))
+                std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| bad("PAX size is not a number"))
             });
             let size = match (typeflag, pax_size) {
                 (b'x' | b'g' | b'L' | b'K', _) | (_, None) => size,
@@ -255,7 +291,8 @@ impl<R: Read> TarReader<R> {
                     continue;
                 }
                 b'K' => {
-                    long_link = Some(parse_str(&self.read_meta(size, "GNU long link name")?).to_vec());
+                    long_link =
+                        Some(parse_str(&self.read_meta(size, "GNU long link name")?).to_vec());
                     continue;
                 }
                 _ => {}
@@ -268,11 +305,15 @@ impl<R: Read> TarReader<R> {
                 b'4' => EntryType::Block,
                 b'5' => EntryType::Directory,
                 b'6' => EntryType::Fifo,
-                b'S' => return Err(bad("GNU sparse entries are not supported; re-create the layer without --sparse")),
+                b'S' => return Err(bad(
+                    "GNU sparse entries are not supported; re-create the layer without --sparse",
+                )),
                 other => return Err(bad(format!("unsupported entry type {:?}", other as char))),
             };
             if pax.keys().any(|k| k.starts_with("GNU.sparse.")) {
-                return Err(bad("PAX sparse entries are not supported; re-create the layer without --sparse"));
+                return Err(bad(
+                    "PAX sparse entries are not supported; re-create the layer without --sparse",
+                ));
             }
             let is_ustar = &h[257..263] == b"ustar\0";
             let mut path = match (pax.remove("path"), long_name.take()) {
@@ -280,7 +321,11 @@ impl<R: Read> TarReader<R> {
                 (None, Some(p)) => p,
                 (None, None) => {
                     let name = parse_str(&h[0..100]);
-                    let prefix = if is_ustar { parse_str(&h[345..500]) } else { &[] };
+                    let prefix = if is_ustar {
+                        parse_str(&h[345..500])
+                    } else {
+                        &[]
+                    };
                     if prefix.is_empty() {
                         name.to_vec()
                     } else {
@@ -312,14 +357,21 @@ impl<R: Read> TarReader<R> {
             };
             let mtime = match pax.get("mtime") {
                 Some(v) => parse_pax_time(v).ok_or_else(|| bad("PAX mtime is not a time"))?,
-                None => (parse_number(&h[136..148], "mtime")?.min(i64::MAX as u64) as i64, 0),
+                None => (
+                    parse_number(&h[136..148], "mtime")?.min(i64::MAX as u64) as i64,
+                    0,
+                ),
             };
             let dev = |field: &[u8], name| -> io::Result<u32> {
-                u32::try_from(parse_number(field, name)?).map_err(|_| bad(format!("{name} does not fit 32 bits")))
+                u32::try_from(parse_number(field, name)?)
+                    .map_err(|_| bad(format!("{name} does not fit 32 bits")))
             };
             let mut xattrs: Vec<(Vec<u8>, Vec<u8>)> = pax
                 .iter()
-                .filter_map(|(k, v)| k.strip_prefix("SCHILY.xattr.").map(|n| (n.as_bytes().to_vec(), v.clone())))
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("SCHILY.xattr.")
+                        .map(|n| (n.as_bytes().to_vec(), v.clone()))
+                })
                 .collect();
             xattrs.sort();
             let entry = TarEntry {
@@ -329,10 +381,22 @@ impl<R: Read> TarReader<R> {
                 mode: (parse_number(&h[100..108], "mode")? & 0o7777) as u32,
                 uid: num("uid", &h[108..116])?,
                 gid: num("gid", &h[116..124])?,
-                size: if matches!(kind, EntryType::Regular) { size } else { 0 },
+                size: if matches!(kind, EntryType::Regular) {
+                    size
+                } else {
+                    0
+                },
                 mtime,
-                dev_major: if is_ustar || &h[257..263] == b"ustar " { dev(&h[329..337], "devmajor")? } else { 0 },
-                dev_minor: if is_ustar || &h[257..263] == b"ustar " { dev(&h[337..345], "devminor")? } else { 0 },
+                dev_major: if is_ustar || &h[257..263] == b"ustar " {
+                    dev(&h[329..337], "devmajor")?
+                } else {
+                    0
+                },
+                dev_minor: if is_ustar || &h[257..263] == b"ustar " {
+                    dev(&h[337..345], "devminor")?
+                } else {
+                    0
+                },
                 xattrs,
             };
             if !matches!(kind, EntryType::Regular) {
@@ -357,7 +421,10 @@ impl<R: Read> Read for DataReader<'_, R> {
         }
         let n = self.tar.inner.read(&mut buf[..want])?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "archive ends inside file data"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "archive ends inside file data",
+            ));
         }
         self.tar.remaining_data -= n as u64;
         Ok(n)
@@ -397,14 +464,23 @@ mod tests {
     fn numbers_octal_and_base256() {
         assert_eq!(parse_number(b"0000644\0", "mode").unwrap(), 0o644);
         assert_eq!(parse_number(b"  755 \0", "mode").unwrap(), 0o755);
-        assert_eq!(parse_number(&[0x80, 0, 0, 0, 0, 0, 1, 0], "uid").unwrap(), 256);
+        assert_eq!(
+            parse_number(&[0x80, 0, 0, 0, 0, 0, 1, 0], "uid").unwrap(),
+            256
+        );
         assert!(parse_number(b"99\0", "mode").is_err());
     }
 
     #[test]
     fn pax_times_keep_nanoseconds() {
-        assert_eq!(parse_pax_time(b"1700000000.123456789"), Some((1700000000, 123456789)));
-        assert_eq!(parse_pax_time(b"1700000000.5"), Some((1700000000, 500000000)));
+        assert_eq!(
+            parse_pax_time(b"1700000000.123456789"),
+            Some((1700000000, 123456789))
+        );
+        assert_eq!(
+            parse_pax_time(b"1700000000.5"),
+            Some((1700000000, 500000000))
+        );
         assert_eq!(parse_pax_time(b"1700000000"), Some((1700000000, 0)));
         assert_eq!(parse_pax_time(b"-1.25"), Some((-2, 750000000)));
         assert_eq!(parse_pax_time(b"abc"), None);

@@ -28,6 +28,34 @@ pub(crate) struct Meta {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
+impl Meta {
+    /// Why this metadata cannot be stored, if it cannot (limits of docs/format.md).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.mtime_nsec >= 1_000_000_000 {
+            return Err(format!(
+                "mtime nanoseconds {} are not below 10^9",
+                self.mtime_nsec
+            ));
+        }
+        for (name, value) in &self.xattrs {
+            if name.is_empty() || name.len() > 255 || name.contains(&0) {
+                return Err(format!(
+                    "xattr name {:?} is not 1..=255 bytes without NUL",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            if value.len() > 65536 {
+                return Err(format!(
+                    "xattr {} value of {} bytes exceeds 64 KiB",
+                    String::from_utf8_lossy(name),
+                    value.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A directory entry: the node it names and the layer that wrote it (whiteouts and
 /// opaque directories only hide entries from lower layers).
 #[derive(Debug, Clone, Copy)]
@@ -41,10 +69,17 @@ pub(crate) struct Child {
 pub(crate) enum NodeData {
     Dir(BTreeMap<Vec<u8>, Child>),
     /// A regular file: its size and its pieces, a range of the chunk store's occurrences.
-    File { size: u64, pieces: Range<u32> },
+    File {
+        size: u64,
+        pieces: Range<u32>,
+    },
     Symlink(Vec<u8>),
     /// Character or block device, fifo or socket.
-    Special { kind: FileKind, major: u32, minor: u32 },
+    Special {
+        kind: FileKind,
+        major: u32,
+        minor: u32,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -140,7 +175,10 @@ mod tests {
 
     #[test]
     fn components_normalise_and_refuse_dotdot() {
-        assert_eq!(components(b"./a//b/./c/"), Some(vec![&b"a"[..], b"b", b"c"]));
+        assert_eq!(
+            components(b"./a//b/./c/"),
+            Some(vec![&b"a"[..], b"b", b"c"])
+        );
         assert_eq!(components(b"/"), Some(vec![]));
         assert_eq!(components(b"a/../b"), None);
     }

@@ -19,8 +19,8 @@ use super::store::{ChunkStore, Location};
 use super::tree::{NodeData, NodeId, Tree, ROOT};
 use crate::chunk::{Chunking, DigestAlgo};
 use crate::layout::{
-    BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1,
-    XattrV1, HOLE, MAGIC, VERSION,
+    BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1, XattrV1,
+    HOLE, MAGIC, VERSION,
 };
 use crate::reader::bootstrap_checksum;
 use crate::{Error, Result};
@@ -84,7 +84,9 @@ fn number_inodes(tree: &Tree) -> (Vec<NodeId>, HashMap<NodeId, u32>, HashMap<Nod
 fn push_string(strings: &mut Vec<u8>, s: &[u8]) -> Result<u32> {
     let offset = strings.len();
     if offset + s.len() > u32::MAX as usize {
-        return Err(Error::InvalidOption("image metadata exceeds the 4 GiB string table".into()));
+        return Err(Error::InvalidOption(
+            "image metadata exceeds the 4 GiB string table".into(),
+        ));
     }
     strings.extend_from_slice(s);
     Ok(offset as u32)
@@ -110,7 +112,11 @@ pub(crate) struct WriteParams<'a> {
     pub prefetch: &'a [String],
 }
 
-pub(crate) fn write(tree: &Tree, store: &mut ChunkStore, params: &WriteParams<'_>) -> Result<Written> {
+pub(crate) fn write(
+    tree: &Tree,
+    store: &mut ChunkStore,
+    params: &WriteParams<'_>,
+) -> Result<Written> {
     let spool_path = params.out_dir.join("blobs").join(".spool");
     let spool = store
         .finish_spool()
@@ -142,7 +148,9 @@ pub(crate) fn write(tree: &Tree, store: &mut ChunkStore, params: &WriteParams<'_
     let mut new_blob_len = 0u64;
     let files = prefetch_nodes.iter().chain(order.iter());
     for &node in files {
-        let NodeData::File { pieces, .. } = &tree.node(node).data else { continue };
+        let NodeData::File { pieces, .. } = &tree.node(node).data else {
+            continue;
+        };
         for occ in &store.occurrences[pieces.start as usize..pieces.end as usize] {
             if occ.chunk == HOLE || final_index.contains_key(&occ.chunk) {
                 continue;
@@ -171,7 +179,11 @@ pub(crate) fn write(tree: &Tree, store: &mut ChunkStore, params: &WriteParams<'_
             blob_keys.push(p.1);
         }
     }
-    let blob_index: HashMap<BlobKey, u32> = blob_keys.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
+    let blob_index: HashMap<BlobKey, u32> = blob_keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (*k, i as u32))
+        .collect();
 
     // Write the new blob by copying spooled chunks in placement order.
     let mut new_blob = None;
@@ -357,13 +369,24 @@ pub(crate) fn write(tree: &Tree, store: &mut ChunkStore, params: &WriteParams<'_
         });
     }
 
-    let bytes = serialize(params, &inodes, &dirents, &file_chunks, &chunks, &blob_table, &xattrs, &prefetch, &strings);
+    let bytes = serialize(
+        params,
+        &inodes,
+        &dirents,
+        &file_chunks,
+        &chunks,
+        &blob_table,
+        &xattrs,
+        &prefetch,
+        &strings,
+    );
     w.bootstrap_bytes = bytes.len() as u64;
     w.bootstrap_sha256 = Sha256::digest(&bytes).into();
     let tmp = params.out_dir.join(".bootstrap.tmp");
     let final_path = params.out_dir.join("bootstrap");
     std::fs::write(&tmp, &bytes).map_err(|e| Error::io("write bootstrap", &tmp, e))?;
-    std::fs::rename(&tmp, &final_path).map_err(|e| Error::io("rename bootstrap into", &final_path, e))?;
+    std::fs::rename(&tmp, &final_path)
+        .map_err(|e| Error::io("rename bootstrap into", &final_path, e))?;
     Ok(w)
 }
 
@@ -377,7 +400,12 @@ fn comps_join(p: &str) -> String {
 }
 
 /// Copies the new chunks from the spool into `blobs/<sha256>` in placement order.
-fn copy_new_blob(spool: &File, store: &ChunkStore, placed: &[(u32, BlobKey, u64)], out_dir: &Path) -> Result<([u8; 32], u64)> {
+fn copy_new_blob(
+    spool: &File,
+    store: &ChunkStore,
+    placed: &[(u32, BlobKey, u64)],
+    out_dir: &Path,
+) -> Result<([u8; 32], u64)> {
     let tmp = out_dir.join("blobs").join(".blob.tmp");
     let f = File::create(&tmp).map_err(|e| Error::io("create blob", &tmp, e))?;
     let mut out = BufWriter::with_capacity(1 << 20, f);
@@ -389,19 +417,23 @@ fn copy_new_blob(spool: &File, store: &ChunkStore, placed: &[(u32, BlobKey, u64)
             continue;
         }
         let u = store.unique[id as usize];
-        let Location::Spool { offset } = u.location else { continue };
+        let Location::Spool { offset } = u.location else {
+            continue;
+        };
         buf.resize(u.compressed_size as usize, 0);
         spool
             .read_exact_at(&mut buf, offset)
             .map_err(|e| Error::io("read chunk spool", out_dir.join("blobs/.spool"), e))?;
         hasher.update(&buf);
-        out.write_all(&buf).map_err(|e| Error::io("write blob", &tmp, e))?;
+        out.write_all(&buf)
+            .map_err(|e| Error::io("write blob", &tmp, e))?;
         len += buf.len() as u64;
     }
     out.flush().map_err(|e| Error::io("write blob", &tmp, e))?;
     let digest: [u8; 32] = hasher.finalize().into();
     let final_path = out_dir.join("blobs").join(hex::encode(digest));
-    std::fs::rename(&tmp, &final_path).map_err(|e| Error::io("rename blob into", &final_path, e))?;
+    std::fs::rename(&tmp, &final_path)
+        .map_err(|e| Error::io("rename blob into", &final_path, e))?;
     Ok((digest, len))
 }
 
@@ -416,7 +448,8 @@ fn link_dict_blobs(store: &ChunkStore, keys: &[BlobKey], out_dir: &Path) -> Resu
             continue;
         }
         if std::fs::hard_link(&b.path, &dest).is_err() {
-            std::fs::copy(&b.path, &dest).map_err(|e| Error::io("copy chunk-dict blob to", &dest, e))?;
+            std::fs::copy(&b.path, &dest)
+                .map_err(|e| Error::io("copy chunk-dict blob to", &dest, e))?;
         }
     }
     Ok(())

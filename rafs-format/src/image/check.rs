@@ -42,7 +42,7 @@ pub fn check(image_dir: &Path) -> Result<CheckReport> {
             blobs.read_chunk(&b, &info).map_err(|e| Error::InFile {
                 path: format!("/{}", String::from_utf8_lossy(path)),
                 file_offset: piece.file_offset,
-                source: Box::new(e),
+                cause: Box::new(e),
             })?;
             report.chunks_verified += 1;
             report.bytes_verified += u64::from(info.uncompressed_size);
@@ -57,7 +57,9 @@ pub fn check(image_dir: &Path) -> Result<CheckReport> {
         let mut buf = vec![0u8; 1 << 20];
         let mut len = 0u64;
         loop {
-            let n = reader.read(&mut buf).map_err(|e| Error::io("read blob", &path, e))?;
+            let n = reader
+                .read(&mut buf)
+                .map_err(|e| Error::io("read blob", &path, e))?;
             if n == 0 {
                 break;
             }

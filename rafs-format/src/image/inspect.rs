@@ -83,7 +83,11 @@ pub fn inspect(image_dir: &Path) -> Result<ImageListing> {
         stats.unique_bytes += u64::from(info.uncompressed_size);
         stats.stored_bytes += u64::from(info.compressed_size);
     }
-    stats.blobs = b.blobs()?.iter().map(|x| (x.oci_digest(), x.size)).collect();
+    stats.blobs = b
+        .blobs()?
+        .iter()
+        .map(|x| (x.oci_digest(), x.size))
+        .collect();
     stats.prefetch = b.prefetch()?.iter().map(|p| lossy(p.path)).collect();
     let mut entries = Vec::new();
     walk(&b, |path, inode, first| {
@@ -138,14 +142,25 @@ pub fn inspect(image_dir: &Path) -> Result<ImageListing> {
 impl std::fmt::Display for ImageListing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.stats;
-        writeln!(f, "format     version {}, {} chunk digests, chunking {:?}", s.format_version, s.digest_algo, s.chunking)?;
+        let chunking = s
+            .chunking
+            .map_or_else(|| "unknown".to_string(), |c| c.to_string());
+        writeln!(
+            f,
+            "format     version {}, {} chunk digests, {chunking} chunking",
+            s.format_version, s.digest_algo
+        )?;
         writeln!(f, "bootstrap  {} bytes", s.bootstrap_bytes)?;
         writeln!(
             f,
             "files      {} inodes, {} entries ({} regular, {} directories, {} symlinks, {} other), {} bytes",
             s.inodes, s.entries, s.regular_files, s.directories, s.symlinks, s.other_files, s.file_bytes
         )?;
-        writeln!(f, "chunks     {} unique, {} bytes, {} stored", s.unique_chunks, s.unique_bytes, s.stored_bytes)?;
+        writeln!(
+            f,
+            "chunks     {} unique, {} bytes, {} stored",
+            s.unique_chunks, s.unique_bytes, s.stored_bytes
+        )?;
         for (d, size) in &s.blobs {
             writeln!(f, "blob       {d} ({size} bytes)")?;
         }

@@ -25,18 +25,27 @@ pub struct UnpackSummary {
 }
 
 /// Writes a regular file's data, leaving holes as holes.
-fn write_file_data(b: &Bootstrap, blobs: &LocalBlobs, inode: &Inode, out: &File, path: &Path) -> Result<()> {
+fn write_file_data(
+    b: &Bootstrap,
+    blobs: &LocalBlobs,
+    inode: &Inode,
+    out: &File,
+    path: &Path,
+) -> Result<()> {
     for piece in b.file_chunks(inode)? {
         let Some(c) = piece.chunk else { continue };
-        let data = blobs.read_chunk(b, &b.chunk(c)?).map_err(|e| Error::InFile {
-            path: path.display().to_string(),
-            file_offset: piece.file_offset,
-            source: Box::new(e),
-        })?;
+        let data = blobs
+            .read_chunk(b, &b.chunk(c)?)
+            .map_err(|e| Error::InFile {
+                path: path.display().to_string(),
+                file_offset: piece.file_offset,
+                cause: Box::new(e),
+            })?;
         out.write_all_at(&data, piece.file_offset)
             .map_err(|e| Error::io("write", path, e))?;
     }
-    out.set_len(inode.size).map_err(|e| Error::io("set length of", path, e))
+    out.set_len(inode.size)
+        .map_err(|e| Error::io("set length of", path, e))
 }
 
 /// Applies ownership, xattrs, permissions and mtime, in the order that keeps each:
@@ -67,7 +76,8 @@ fn apply_metadata(b: &Bootstrap, inode: &Inode, path: &Path) -> Result<()> {
         last_access: t,
         last_modification: t,
     };
-    rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| io("set times of", e))
+    rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| io("set times of", e))
 }
 
 /// Rebuilds the image's tree under `dest` (created if absent; must be empty).
@@ -75,8 +85,15 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
     let b = open_validated(image_dir)?;
     let blobs = LocalBlobs::new(image_dir);
     std::fs::create_dir_all(dest).map_err(|e| Error::io("create", dest, e))?;
-    if std::fs::read_dir(dest).map_err(|e| Error::io("read", dest, e))?.next().is_some() {
-        return Err(Error::InvalidOption(format!("unpack target {} is not empty", dest.display())));
+    if std::fs::read_dir(dest)
+        .map_err(|e| Error::io("read", dest, e))?
+        .next()
+        .is_some()
+    {
+        return Err(Error::InvalidOption(format!(
+            "unpack target {} is not empty",
+            dest.display()
+        )));
     }
     let mut summary = UnpackSummary::default();
     let mut first_path: HashMap<u32, PathBuf> = HashMap::new();
@@ -86,7 +103,8 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
         summary.entries += 1;
         if !first {
             let original = &first_path[&inode.ino];
-            return std::fs::hard_link(original, &path).map_err(|e| Error::io("hardlink", &path, e));
+            return std::fs::hard_link(original, &path)
+                .map_err(|e| Error::io("hardlink", &path, e));
         }
         let io = |action, e: rustix::io::Errno| Error::io(action, &path, e.into());
         let dev = rustix::fs::makedev(inode.rdev_major, inode.rdev_minor);
@@ -103,7 +121,8 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
             }
             FileKind::Symlink => {
                 let target = OsStr::from_bytes(b.symlink_target(inode)?);
-                std::os::unix::fs::symlink(target, &path).map_err(|e| Error::io("create symlink", &path, e))?;
+                std::os::unix::fs::symlink(target, &path)
+                    .map_err(|e| Error::io("create symlink", &path, e))?;
             }
             FileKind::CharDevice | FileKind::BlockDevice | FileKind::Fifo | FileKind::Socket => {
                 let ft = rustix::fs::FileType::from_raw_mode(inode.kind.mode_bits());
@@ -150,9 +169,11 @@ pub fn unpack_to_tar(image_dir: &Path, out: impl Write) -> Result<UnpackSummary>
         } else {
             first_path.get(&inode.ino).map(Vec::as_slice)
         };
-        append_entry(&b, &blobs, &mut tar, rel, inode, link).map_err(|e| match e.downcast::<Error>() {
-            Ok(inner) => inner,
-            Err(e) => io(e),
+        append_entry(&b, &blobs, &mut tar, rel, inode, link).map_err(|e| {
+            match e.downcast::<Error>() {
+                Ok(inner) => inner,
+                Err(e) => io(e),
+            }
         })
     })?;
     tar.into_inner().map_err(io)?.flush().map_err(io)?;
@@ -171,12 +192,16 @@ struct FileData<'a> {
 impl std::io::Read for FileData<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while self.pos == self.current.len() {
-            let Some(piece) = self.pieces.next() else { return Ok(0) };
+            let Some(piece) = self.pieces.next() else {
+                return Ok(0);
+            };
             self.current = match piece.chunk {
                 None => vec![0; piece.len as usize],
                 Some(c) => {
                     let info = self.b.chunk(c).map_err(std::io::Error::other)?;
-                    self.blobs.read_chunk(self.b, &info).map_err(std::io::Error::other)?
+                    self.blobs
+                        .read_chunk(self.b, &info)
+                        .map_err(std::io::Error::other)?
                 }
             };
             self.pos = 0;
@@ -202,7 +227,10 @@ fn append_entry(
     )];
     let xattrs = b.xattrs(inode).map_err(std::io::Error::other)?;
     for (name, value) in xattrs {
-        pax.push((format!("SCHILY.xattr.{}", String::from_utf8_lossy(name)), value.to_vec()));
+        pax.push((
+            format!("SCHILY.xattr.{}", String::from_utf8_lossy(name)),
+            value.to_vec(),
+        ));
     }
     // Link targets go in a PAX `linkpath` record, byte for byte: the `tar` crate's
     // own link-name setter normalises paths (`./a` becomes `a`), which would change
@@ -242,7 +270,13 @@ fn append_entry(
             h.set_entry_type(tar::EntryType::Regular);
             h.set_size(inode.size);
             let pieces = b.file_chunks(inode).map_err(std::io::Error::other)?;
-            let data = FileData { b, blobs, pieces: pieces.into_iter(), current: Vec::new(), pos: 0 };
+            let data = FileData {
+                b,
+                blobs,
+                pieces: pieces.into_iter(),
+                current: Vec::new(),
+                pos: 0,
+            };
             tar.append_data(&mut h, path, data)
         }
         FileKind::CharDevice | FileKind::BlockDevice | FileKind::Fifo => {

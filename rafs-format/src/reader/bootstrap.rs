@@ -418,7 +418,14 @@ impl Bootstrap {
     }
 
     /// `len` bytes of the string table from `offset`.
-    fn string(&self, structure: &str, field: &'static str, at: u64, offset: u64, len: u64) -> Result<&[u8]> {
+    fn string(
+        &self,
+        structure: &str,
+        field: &'static str,
+        at: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<&[u8]> {
         match offset.checked_add(len) {
             Some(end) if end <= self.strings.count => {
                 let s = (self.strings.offset + offset) as usize;
@@ -460,41 +467,95 @@ impl Bootstrap {
         let (r, at) = self.record::<InodeV1>(&self.inodes, index)?;
         let name = format!("inode[{ino}]");
         let kind = FileKind::from_mode(r.mode.get()).ok_or_else(|| {
-            Error::corrupt(&name, "mode", at, format!("{:o}", r.mode.get()), "unknown file type")
+            Error::corrupt(
+                &name,
+                "mode",
+                at,
+                format!("{:o}", r.mode.get()),
+                "unknown file type",
+            )
         })?;
         if r.mode.get() & !(mode::S_IFMT | 0o7777) != 0 {
-            return Err(Error::corrupt(&name, "mode", at, format!("{:o}", r.mode.get()), "unknown mode bits"));
+            return Err(Error::corrupt(
+                &name,
+                "mode",
+                at,
+                format!("{:o}", r.mode.get()),
+                "unknown mode bits",
+            ));
         }
         if r.mtime_nsec.get() >= 1_000_000_000 {
-            return Err(Error::corrupt(&name, "mtime_nsec", at + 32, r.mtime_nsec.get(), "must be below 10^9"));
+            return Err(Error::corrupt(
+                &name,
+                "mtime_nsec",
+                at + 32,
+                r.mtime_nsec.get(),
+                "must be below 10^9",
+            ));
         }
         if r.nlink.get() == 0 {
-            return Err(Error::corrupt(&name, "nlink", at + 12, 0, "must be at least 1"));
+            return Err(Error::corrupt(
+                &name,
+                "nlink",
+                at + 12,
+                0,
+                "must be at least 1",
+            ));
         }
         if r.parent.get() == 0 || u64::from(r.parent.get()) > self.inodes.count {
-            return Err(Error::corrupt(&name, "parent", at + 48, r.parent.get(), "not an inode number of this image"));
+            return Err(Error::corrupt(
+                &name,
+                "parent",
+                at + 44,
+                r.parent.get(),
+                "not an inode number of this image",
+            ));
         }
         let (start, count) = (r.data_start.get(), r.data_count.get());
         match kind {
             FileKind::Directory => {
-                Self::check_range(&name, "data_start", at + 52, start, count, &self.dirents)?
+                Self::check_range(&name, "data_start", at + 48, start, count, &self.dirents)?
             }
-            FileKind::Regular => {
-                Self::check_range(&name, "data_start", at + 52, start, count, &self.file_chunks)?
-            }
+            FileKind::Regular => Self::check_range(
+                &name,
+                "data_start",
+                at + 48,
+                start,
+                count,
+                &self.file_chunks,
+            )?,
             FileKind::Symlink => {
                 if count == 0 || u64::from(count) != r.size.get() {
-                    return Err(Error::corrupt(&name, "data_count", at + 56, count, "a symlink target is non-empty and its length is the inode size"));
+                    return Err(Error::corrupt(
+                        &name,
+                        "data_count",
+                        at + 52,
+                        count,
+                        "a symlink target is non-empty and its length is the inode size",
+                    ));
                 }
-                self.string(&name, "data_start", at + 52, start.into(), count.into())?;
+                self.string(&name, "data_start", at + 48, start.into(), count.into())?;
             }
             _ => {
                 if start != 0 || count != 0 || r.size.get() != 0 {
-                    return Err(Error::corrupt(&name, "data_count", at + 56, count, "devices, fifos and sockets have no data"));
+                    return Err(Error::corrupt(
+                        &name,
+                        "data_count",
+                        at + 52,
+                        count,
+                        "devices, fifos and sockets have no data",
+                    ));
                 }
             }
         }
-        Self::check_range(&name, "xattr_start", at + 60, r.xattr_start.get(), r.xattr_count.get(), &self.xattrs)?;
+        Self::check_range(
+            &name,
+            "xattr_start",
+            at + 56,
+            r.xattr_start.get(),
+            r.xattr_count.get(),
+            &self.xattrs,
+        )?;
         Ok(Inode {
             ino,
             kind,
@@ -520,23 +581,58 @@ impl Bootstrap {
         let (r, at) = self.record::<DirentV1>(&self.dirents, index)?;
         let structure = format!("dirent[{index}]");
         let len = r.name_len.get();
-        let name = self.string(&structure, "name_offset", at, r.name_offset.get().into(), len.into())?;
+        let name = self.string(
+            &structure,
+            "name_offset",
+            at,
+            r.name_offset.get().into(),
+            len.into(),
+        )?;
         if let Err(why) = check_name(name) {
-            return Err(Error::corrupt(&structure, "name", at, String::from_utf8_lossy(name), why));
+            return Err(Error::corrupt(
+                &structure,
+                "name",
+                at,
+                String::from_utf8_lossy(name),
+                why,
+            ));
         }
         if r.ino.get() == 0 || u64::from(r.ino.get()) > self.inodes.count {
-            return Err(Error::corrupt(&structure, "ino", at + 8, r.ino.get(), "not an inode number of this image"));
+            return Err(Error::corrupt(
+                &structure,
+                "ino",
+                at + 8,
+                r.ino.get(),
+                "not an inode number of this image",
+            ));
         }
-        let kind = FileKind::from_mode(u32::from(r.kind) << 12)
-            .ok_or_else(|| Error::corrupt(&structure, "kind", at + 6, r.kind, "unknown file type"))?;
+        let kind = (r.kind < 16)
+            .then(|| FileKind::from_mode(u32::from(r.kind) << 12))
+            .flatten()
+            .ok_or_else(|| {
+                Error::corrupt(&structure, "kind", at + 6, r.kind, "unknown file type")
+            })?;
         if r.reserved != 0 || r.reserved2.get() != 0 {
-            return Err(Error::corrupt(&structure, "reserved", at + 7, "non-zero", "must be zero"));
+            return Err(Error::corrupt(
+                &structure,
+                "reserved",
+                at + 7,
+                "non-zero",
+                "must be zero",
+            ));
         }
-        Ok(DirEntry { name, ino: r.ino.get(), kind })
+        Ok(DirEntry {
+            name,
+            ino: r.ino.get(),
+            kind,
+        })
     }
 
     /// The entries of a directory, in name order (without `.` and `..`).
-    pub fn dir_entries<'a>(&'a self, dir: &Inode) -> impl Iterator<Item = Result<DirEntry<'a>>> + 'a {
+    pub fn dir_entries<'a>(
+        &'a self,
+        dir: &Inode,
+    ) -> impl Iterator<Item = Result<DirEntry<'a>>> + 'a {
         let (start, count) = if dir.kind == FileKind::Directory {
             (u64::from(dir.data_start), u64::from(dir.data_count))
         } else {
@@ -547,7 +643,11 @@ impl Bootstrap {
 
     /// Number of entries in a directory.
     pub fn dir_len(&self, dir: &Inode) -> u32 {
-        if dir.kind == FileKind::Directory { dir.data_count } else { 0 }
+        if dir.kind == FileKind::Directory {
+            dir.data_count
+        } else {
+            0
+        }
     }
 
     /// The `n`th entry of a directory (for readdir offsets).
@@ -555,7 +655,8 @@ impl Bootstrap {
         if dir.kind != FileKind::Directory || n >= dir.data_count {
             return Ok(None);
         }
-        self.dirent(u64::from(dir.data_start) + u64::from(n)).map(Some)
+        self.dirent(u64::from(dir.data_start) + u64::from(n))
+            .map(Some)
     }
 
     /// Finds `name` in a directory by binary search.
@@ -579,7 +680,10 @@ impl Bootstrap {
     /// Resolves a `/`-separated path from the root without following symlinks.
     pub fn resolve(&self, path: &[u8]) -> Result<Option<Inode>> {
         let mut cur = self.inode(ROOT_INO)?;
-        for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+        for comp in path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
             match self.lookup(&cur, comp)? {
                 Some(e) => cur = self.inode(e.ino)?,
                 None => return Ok(None),
@@ -600,27 +704,55 @@ impl Bootstrap {
             let (r, at) = self.record::<FileChunkV1>(&self.file_chunks, index)?;
             let structure = format!("file_chunk[{index}] of inode {}", file.ino);
             if r.file_offset.get() != expect {
-                return Err(Error::corrupt(&structure, "file_offset", at, r.file_offset.get(), format!("expected {expect}: pieces must be contiguous")));
+                return Err(Error::corrupt(
+                    &structure,
+                    "file_offset",
+                    at,
+                    r.file_offset.get(),
+                    format!("expected {expect}: pieces must be contiguous"),
+                ));
             }
             let len = r.len.get();
             if len == 0 || len > MAX_CHUNK_SIZE {
-                return Err(Error::corrupt(&structure, "len", at + 12, len, format!("must be 1..={MAX_CHUNK_SIZE}")));
+                return Err(Error::corrupt(
+                    &structure,
+                    "len",
+                    at + 12,
+                    len,
+                    format!("must be 1..={MAX_CHUNK_SIZE}"),
+                ));
             }
             let chunk = match r.chunk_index.get() {
                 HOLE => None,
                 c => {
                     let info = self.chunk(c)?;
                     if info.uncompressed_size != len {
-                        return Err(Error::corrupt(&structure, "len", at + 12, len, format!("chunk {c} holds {} bytes", info.uncompressed_size)));
+                        return Err(Error::corrupt(
+                            &structure,
+                            "len",
+                            at + 12,
+                            len,
+                            format!("chunk {c} holds {} bytes", info.uncompressed_size),
+                        ));
                     }
                     Some(c)
                 }
             };
-            out.push(FileChunk { file_offset: expect, len, chunk });
+            out.push(FileChunk {
+                file_offset: expect,
+                len,
+                chunk,
+            });
             expect += u64::from(len);
         }
         if expect != file.size {
-            return Err(Error::corrupt(format!("inode[{}]", file.ino), "size", 0, file.size, format!("its pieces cover {expect} bytes")));
+            return Err(Error::corrupt(
+                format!("inode[{}]", file.ino),
+                "size",
+                0,
+                file.size,
+                format!("its pieces cover {expect} bytes"),
+            ));
         }
         Ok(out)
     }
@@ -629,22 +761,60 @@ impl Bootstrap {
     pub fn chunk(&self, index: u32) -> Result<ChunkInfo> {
         let (r, at) = self.record::<ChunkV1>(&self.chunks, index.into())?;
         let structure = format!("chunk[{index}]");
-        let compression = Compression::from_byte(r.compression)
-            .ok_or_else(|| Error::corrupt(&structure, "compression", at + 36, r.compression, "expected 0 (none), 1 (zstd) or 2 (gzip)"))?;
+        let compression = Compression::from_byte(r.compression).ok_or_else(|| {
+            Error::corrupt(
+                &structure,
+                "compression",
+                at + 36,
+                r.compression,
+                "expected 0 (none), 1 (zstd) or 2 (gzip)",
+            )
+        })?;
         let (usize_, csize) = (r.uncompressed_size.get(), r.compressed_size.get());
         if usize_ == 0 || usize_ > MAX_CHUNK_SIZE {
-            return Err(Error::corrupt(&structure, "uncompressed_size", at + 52, usize_, format!("must be 1..={MAX_CHUNK_SIZE}")));
+            return Err(Error::corrupt(
+                &structure,
+                "uncompressed_size",
+                at + 52,
+                usize_,
+                format!("must be 1..={MAX_CHUNK_SIZE}"),
+            ));
         }
-        if csize == 0 || (compression == Compression::None && csize != usize_) || csize > MAX_CHUNK_SIZE {
-            return Err(Error::corrupt(&structure, "compressed_size", at + 48, csize, "must be non-zero, at most 16 MiB, and equal to uncompressed_size when stored raw"));
+        if csize == 0
+            || (compression == Compression::None && csize != usize_)
+            || csize > MAX_CHUNK_SIZE
+        {
+            return Err(Error::corrupt(
+                &structure,
+                "compressed_size",
+                at + 48,
+                csize,
+                "must be non-zero, at most 16 MiB, and equal to uncompressed_size when stored raw",
+            ));
         }
         let blob = self.blob(r.blob_index.get())?;
         let end = r.compressed_offset.get().checked_add(csize.into());
         if end.is_none_or(|e| e > blob.size) {
-            return Err(Error::corrupt(&structure, "compressed_offset", at + 40, r.compressed_offset.get(), format!("+{csize} runs past the end of blob {} ({} bytes)", r.blob_index.get(), blob.size)));
+            return Err(Error::corrupt(
+                &structure,
+                "compressed_offset",
+                at + 40,
+                r.compressed_offset.get(),
+                format!(
+                    "+{csize} runs past the end of blob {} ({} bytes)",
+                    r.blob_index.get(),
+                    blob.size
+                ),
+            ));
         }
         if r.reserved != [0; 3] || r.reserved2 != [0; 8] {
-            return Err(Error::corrupt(&structure, "reserved", at + 37, "non-zero", "must be zero"));
+            return Err(Error::corrupt(
+                &structure,
+                "reserved",
+                at + 37,
+                "non-zero",
+                "must be zero",
+            ));
         }
         Ok(ChunkInfo {
             index,
@@ -661,7 +831,13 @@ impl Bootstrap {
     pub fn blob(&self, index: u32) -> Result<BlobInfo> {
         let (r, at) = self.record::<BlobV1>(&self.blobs, index.into())?;
         if r.reserved != [0; 12] {
-            return Err(Error::corrupt(format!("blob[{index}]"), "reserved", at + 52, "non-zero", "must be zero"));
+            return Err(Error::corrupt(
+                format!("blob[{index}]"),
+                "reserved",
+                at + 52,
+                "non-zero",
+                "must be zero",
+            ));
         }
         Ok(BlobInfo {
             index,
@@ -684,13 +860,37 @@ impl Bootstrap {
             let index = u64::from(inode.xattr_start) + i;
             let (r, at) = self.record::<XattrV1>(&self.xattrs, index)?;
             let structure = format!("xattr[{index}]");
-            let name = self.string(&structure, "name_offset", at, r.name_offset.get().into(), r.name_len.get().into())?;
-            let value = self.string(&structure, "value_offset", at + 8, r.value_offset.get().into(), r.value_len.get().into())?;
+            let name = self.string(
+                &structure,
+                "name_offset",
+                at,
+                r.name_offset.get().into(),
+                r.name_len.get().into(),
+            )?;
+            let value = self.string(
+                &structure,
+                "value_offset",
+                at + 8,
+                r.value_offset.get().into(),
+                r.value_len.get().into(),
+            )?;
             if name.is_empty() || name.len() > 255 || name.contains(&0) {
-                return Err(Error::corrupt(&structure, "name_len", at + 4, name.len(), "an xattr name is 1..=255 bytes without NUL"));
+                return Err(Error::corrupt(
+                    &structure,
+                    "name_len",
+                    at + 4,
+                    name.len(),
+                    "an xattr name is 1..=255 bytes without NUL",
+                ));
             }
             if value.len() > 65536 {
-                return Err(Error::corrupt(&structure, "value_len", at + 12, value.len(), "an xattr value is at most 64 KiB"));
+                return Err(Error::corrupt(
+                    &structure,
+                    "value_len",
+                    at + 12,
+                    value.len(),
+                    "an xattr value is at most 64 KiB",
+                ));
             }
             out.push((name, value));
         }
@@ -702,7 +902,13 @@ impl Bootstrap {
         if inode.kind != FileKind::Symlink {
             return Ok(&[]);
         }
-        self.string(&format!("inode[{}]", inode.ino), "data_start", 0, inode.data_start.into(), inode.data_count.into())
+        self.string(
+            &format!("inode[{}]", inode.ino),
+            "data_start",
+            0,
+            inode.data_start.into(),
+            inode.data_count.into(),
+        )
     }
 
     /// The prefetch list, in the order files should be fetched.
@@ -712,10 +918,34 @@ impl Bootstrap {
             let (r, at) = self.record::<PrefetchV1>(&self.prefetch, index)?;
             let structure = format!("prefetch[{index}]");
             if r.ino.get() == 0 || u64::from(r.ino.get()) > self.inodes.count {
-                return Err(Error::corrupt(&structure, "ino", at, r.ino.get(), "not an inode number of this image"));
+                return Err(Error::corrupt(
+                    &structure,
+                    "ino",
+                    at,
+                    r.ino.get(),
+                    "not an inode number of this image",
+                ));
             }
-            let path = self.string(&structure, "path_offset", at + 4, r.path_offset.get().into(), r.path_len.get().into())?;
-            out.push(PrefetchEntry { ino: r.ino.get(), path });
+            if r.reserved.get() != 0 {
+                return Err(Error::corrupt(
+                    &structure,
+                    "reserved",
+                    at + 12,
+                    r.reserved.get(),
+                    "must be zero",
+                ));
+            }
+            let path = self.string(
+                &structure,
+                "path_offset",
+                at + 4,
+                r.path_offset.get().into(),
+                r.path_len.get().into(),
+            )?;
+            out.push(PrefetchEntry {
+                ino: r.ino.get(),
+                path,
+            });
         }
         Ok(out)
     }
@@ -737,19 +967,49 @@ impl Bootstrap {
             for e in self.dir_entries(&dir) {
                 let e = e?;
                 if prev.is_some_and(|p| p >= e.name) {
-                    return Err(Error::corrupt(format!("directory inode {dir_ino}"), "dirents", 0, String::from_utf8_lossy(e.name), "entries are not strictly sorted by name"));
+                    return Err(Error::corrupt(
+                        format!("directory inode {dir_ino}"),
+                        "dirents",
+                        0,
+                        String::from_utf8_lossy(e.name),
+                        "entries are not strictly sorted by name",
+                    ));
                 }
                 prev = Some(e.name);
                 let target = self.inode(e.ino)?;
                 if target.kind != e.kind {
-                    return Err(Error::corrupt(format!("entry {:?} of inode {dir_ino}", String::from_utf8_lossy(e.name)), "kind", 0, format!("{:?}", e.kind), format!("inode {} is a {:?}", e.ino, target.kind)));
+                    return Err(Error::corrupt(
+                        format!(
+                            "entry {:?} of inode {dir_ino}",
+                            String::from_utf8_lossy(e.name)
+                        ),
+                        "kind",
+                        0,
+                        format!("{:?}", e.kind),
+                        format!("inode {} is a {:?}", e.ino, target.kind),
+                    ));
                 }
                 if target.kind == FileKind::Directory {
                     if seen_dir[e.ino as usize] {
-                        return Err(Error::corrupt(format!("entry {:?} of inode {dir_ino}", String::from_utf8_lossy(e.name)), "ino", 0, e.ino, "a directory is named twice (or the tree has a cycle)"));
+                        return Err(Error::corrupt(
+                            format!(
+                                "entry {:?} of inode {dir_ino}",
+                                String::from_utf8_lossy(e.name)
+                            ),
+                            "ino",
+                            0,
+                            e.ino,
+                            "a directory is named twice (or the tree has a cycle)",
+                        ));
                     }
                     if target.parent != dir_ino {
-                        return Err(Error::corrupt(format!("inode[{}]", e.ino), "parent", 0, target.parent, format!("it is an entry of directory {dir_ino}")));
+                        return Err(Error::corrupt(
+                            format!("inode[{}]", e.ino),
+                            "parent",
+                            0,
+                            target.parent,
+                            format!("it is an entry of directory {dir_ino}"),
+                        ));
                     }
                     seen_dir[e.ino as usize] = true;
                     subdirs += 1;
@@ -759,19 +1019,40 @@ impl Bootstrap {
                 }
             }
             if dir.nlink != 2 + subdirs {
-                return Err(Error::corrupt(format!("inode[{dir_ino}]"), "nlink", 0, dir.nlink, format!("a directory with {subdirs} subdirectories has {} links", 2 + subdirs)));
+                return Err(Error::corrupt(
+                    format!("inode[{dir_ino}]"),
+                    "nlink",
+                    0,
+                    dir.nlink,
+                    format!(
+                        "a directory with {subdirs} subdirectories has {} links",
+                        2 + subdirs
+                    ),
+                ));
             }
         }
         for ino in 1..=n as u32 {
             let inode = self.inode(ino)?;
             if inode.kind == FileKind::Directory {
                 if !seen_dir[ino as usize] {
-                    return Err(Error::corrupt(format!("inode[{ino}]"), "parent", 0, inode.parent, "directory is not reachable from the root"));
+                    return Err(Error::corrupt(
+                        format!("inode[{ino}]"),
+                        "parent",
+                        0,
+                        inode.parent,
+                        "directory is not reachable from the root",
+                    ));
                 }
                 continue;
             }
             if links[ino as usize] != inode.nlink {
-                return Err(Error::corrupt(format!("inode[{ino}]"), "nlink", 0, inode.nlink, format!("{} entries name it", links[ino as usize])));
+                return Err(Error::corrupt(
+                    format!("inode[{ino}]"),
+                    "nlink",
+                    0,
+                    inode.nlink,
+                    format!("{} entries name it", links[ino as usize]),
+                ));
             }
             self.file_chunks(&inode)?;
             self.xattrs(&inode)?;
@@ -781,7 +1062,13 @@ impl Bootstrap {
             let inode = self.inode(ino)?;
             let xattrs = self.xattrs(&inode)?;
             if xattrs.windows(2).any(|w| w[0].0 >= w[1].0) {
-                return Err(Error::corrupt(format!("inode[{ino}]"), "xattr_start", 0, inode.xattr_start, "xattrs are not strictly sorted by name"));
+                return Err(Error::corrupt(
+                    format!("inode[{ino}]"),
+                    "xattr_start",
+                    0,
+                    inode.xattr_start,
+                    "xattrs are not strictly sorted by name",
+                ));
             }
         }
         for c in 0..self.chunk_count() {
@@ -791,7 +1078,16 @@ impl Bootstrap {
         for p in self.prefetch()? {
             let found = self.resolve(p.path)?;
             if found.map(|i| i.ino) != Some(p.ino) {
-                return Err(Error::corrupt("prefetch", "ino", 0, p.ino, format!("path {:?} does not name it", String::from_utf8_lossy(p.path))));
+                return Err(Error::corrupt(
+                    "prefetch",
+                    "ino",
+                    0,
+                    p.ino,
+                    format!(
+                        "path {:?} does not name it",
+                        String::from_utf8_lossy(p.path)
+                    ),
+                ));
             }
         }
         Ok(())

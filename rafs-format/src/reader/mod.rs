@@ -9,6 +9,5 @@ mod bootstrap;
 pub use blobs::LocalBlobs;
 pub(crate) use bootstrap::{check_name, checksum as bootstrap_checksum};
 pub use bootstrap::{
-    BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry,
-    Verify,
+    BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry, Verify,
 };

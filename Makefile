@@ -1,0 +1,38 @@
+# Tessera's two set-up commands (see README.md):
+#   make demo   the main job: build a sample image, check it, unpack it, print the summary
+#   make test   install every test prerequisite, then run every check and test
+# CI runs `make test` through .ci/run.
+
+CARGO ?= cargo
+# Debian packages the tests drive: the OCI tools that make reference images, GNU tar,
+# setfattr, FUSE and the registry for later issues.
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd
+
+.PHONY: test test-deps lint unit demo bench fuzz
+
+test: test-deps lint unit
+
+test-deps:
+	@missing=""; for p in $(TEST_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing test prerequisites:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit:
+	$(CARGO) test --workspace
+
+demo:
+	bash scripts/demo.sh
+
+bench:
+	$(CARGO) bench -p tessera-benches --bench format
+
+fuzz:
+	bash rafs-format/fuzz/run.sh
