@@ -211,7 +211,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             "MB/s",
             "vs sha256 1 thread",
             &format!("vs sha256 {threads} threads"),
-            "vs tar|zstd -T0 -9",
+            "vs tar+zstd -9",
             "output",
             "in/out",
             "peak RSS",
@@ -256,7 +256,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             let t = Timing::from_samples(slot.0.clone());
             row(
                 &mut table,
-                &format!("baseline: tar -cf - | zstd -T0 -{level}"),
+                &format!("baseline: tar -c, piped to zstd -T0 -{level}"),
                 &t,
                 Some(slot.1),
                 None,
@@ -276,7 +276,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
     );
     table.note("in/out = tree bytes / bytes written (blob + bootstrap, or the .tar.zst).");
     if !zstd_cli {
-        table.note("zstd CLI not found: the tar | zstd baselines were skipped.");
+        table.note("zstd CLI not found: the tar + zstd baselines were skipped.");
     }
     if peak_reset {
         table.note(format!(
