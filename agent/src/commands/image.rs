@@ -1,10 +1,15 @@
 //! The image tools: `build`, `inspect`, `check`, `unpack`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::RecvTimeoutError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use rafs_format::builder::{BuildOptions, Builder};
+use rafs_format::builder::{BuildOptions, BuildProgress, Builder};
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
 use rafs_format::image;
 
@@ -147,6 +152,7 @@ impl BuildArgs {
                 Some(p) => read_prefetch_list(p)?,
                 None => Vec::new(),
             },
+            progress: None,
         })
     }
 }
@@ -161,8 +167,62 @@ fn split_layout_ref(s: &str) -> (PathBuf, Option<&str>) {
     }
 }
 
+/// Shows a build's progress on stderr until dropped: a line rewritten in place on a
+/// terminal, a line every 10 s otherwise (logs), nothing for builds that end quickly.
+struct ProgressDisplay {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProgressDisplay {
+    fn start(progress: Arc<BuildProgress>) -> Self {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let tty = std::io::stderr().is_terminal();
+            let every = Duration::from_secs(if tty { 1 } else { 10 });
+            let started = Instant::now();
+            let mut shown = false;
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                let bytes = progress.bytes.load(Ordering::Relaxed);
+                let files = progress.files.load(Ordering::Relaxed);
+                let secs = started.elapsed().as_secs_f64();
+                let line = format!(
+                    "building: {files} files, {:.1} MiB read, {:.1} MB/s",
+                    bytes as f64 / f64::from(1 << 20),
+                    bytes as f64 / 1e6 / secs
+                );
+                if tty {
+                    eprint!("\r{line}\x1b[K");
+                } else {
+                    eprintln!("{line}");
+                }
+                shown = true;
+            }
+            if shown && tty {
+                eprint!("\r\x1b[K");
+            }
+        });
+        ProgressDisplay {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ProgressDisplay {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 pub fn build(args: BuildArgs) -> Result<()> {
-    let opts = args.options()?;
+    let mut opts = args.options()?;
+    let progress = Arc::new(BuildProgress::default());
+    opts.progress = Some(progress.clone());
+    let display = ProgressDisplay::start(progress);
     let mut builder = Builder::new(&args.out, opts)?;
     if let Some(dir) = &args.dir {
         builder
@@ -185,6 +245,7 @@ pub fn build(args: BuildArgs) -> Result<()> {
         bail!("nothing to build: pass --dir, --layer or --oci-layout");
     }
     let summary = builder.finish().context("write image")?;
+    drop(display);
     if args.json {
         print_out(format_args!(
             "{}\n",

@@ -1,6 +1,8 @@
 //! What a build can be asked to do.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 pub use crate::chunk::Chunking;
 use crate::chunk::{Compression, DigestAlgo};
@@ -18,6 +20,17 @@ pub struct BuildOptions {
     pub chunk_dict: Option<PathBuf>,
     /// Paths (from the image root) whose data readers will want first.
     pub prefetch: Vec<String>,
+    /// Counters the build updates as it reads input, for a progress display.
+    pub progress: Option<Arc<BuildProgress>>,
+}
+
+/// Live counters of a running build (read them from another thread).
+#[derive(Debug, Default)]
+pub struct BuildProgress {
+    /// Regular files read so far.
+    pub files: AtomicU64,
+    /// File bytes read so far.
+    pub bytes: AtomicU64,
 }
 
 impl Default for BuildOptions {
@@ -29,6 +42,7 @@ impl Default for BuildOptions {
             digest: DigestAlgo::Sha256,
             chunk_dict: None,
             prefetch: Vec::new(),
+            progress: None,
         }
     }
 }

@@ -13,7 +13,10 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use super::options::{BuildOptions, Chunking};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::options::{BuildOptions, BuildProgress, Chunking};
 use crate::chunk::{compress, Compression, DigestAlgo};
 use crate::layout::HOLE;
 use crate::reader::{Bootstrap, LocalBlobs};
@@ -88,6 +91,7 @@ pub(crate) struct ChunkStore {
     pending: Vec<(u32, Vec<u8>)>,
     pending_bytes: usize,
     pub stats: StoreStats,
+    progress: Option<Arc<BuildProgress>>,
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -115,6 +119,7 @@ impl ChunkStore {
             pending: Vec::new(),
             pending_bytes: 0,
             stats: StoreStats::default(),
+            progress: opts.progress.clone(),
         };
         if let Some(dir) = &opts.chunk_dict {
             store.load_dict(dir)?;
@@ -199,6 +204,10 @@ impl ChunkStore {
             }
         }
         self.stats.bytes_in += size;
+        if let Some(p) = &self.progress {
+            p.files.fetch_add(1, Ordering::Relaxed);
+            p.bytes.fetch_add(size, Ordering::Relaxed);
+        }
         Ok((size, first..self.occurrences.len() as u32))
     }
 
