@@ -4,7 +4,7 @@
 //! hardlinks resolved against the merged tree. PAX headers supply long names, xattrs
 //! (`SCHILY.xattr.*`), large ids and nanosecond times (see [`super::tar`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 
 use super::store::ChunkStore;
@@ -38,17 +38,23 @@ pub(crate) fn apply_layer(
     layer: u32,
 ) -> Result<()> {
     let mut tar = TarReader::new(tar_stream);
+    let mut opaque = Vec::new();
     loop {
         let entry = tar.next_entry().map_err(|e| Error::Layer {
             layer: layer as usize,
             entry: format!("<entry {}>", tar.count),
             reason: format!("read tar: {e}"),
         })?;
-        let Some(entry) = entry else { return Ok(()) };
-        apply_entry(tree, store, &mut tar, &entry, layer).map_err(|reason| Error::Layer {
-            layer: layer as usize,
-            entry: String::from_utf8_lossy(&entry.path).into_owned(),
-            reason,
+        let Some(entry) = entry else {
+            hide_lower_entries(tree, &opaque, layer);
+            return Ok(());
+        };
+        apply_entry(tree, store, &mut tar, &entry, layer, &mut opaque).map_err(|reason| {
+            Error::Layer {
+                layer: layer as usize,
+                entry: String::from_utf8_lossy(&entry.path).into_owned(),
+                reason,
+            }
         })?;
     }
 }
@@ -66,25 +72,51 @@ fn entry_meta(e: &TarEntry) -> Result<Meta, String> {
     })
 }
 
-/// Makes `dir` opaque: everything lower layers put beneath it disappears, while what
-/// this layer put there stays wherever the marker came in the tar. A subdirectory
-/// from a lower layer survives only as a path to this layer's entries, emptied of
-/// its lower contents.
-fn hide_lower_entries(tree: &mut Tree, dir: NodeId, layer: u32) {
-    let names: Vec<(Vec<u8>, Child)> = match tree.children(dir) {
-        Some(children) => children.iter().map(|(n, c)| (n.clone(), *c)).collect(),
-        None => return,
-    };
-    for (name, child) in names {
-        let is_dir = matches!(tree.node(child.node).data, NodeData::Dir(_));
-        if is_dir {
-            hide_lower_entries(tree, child.node, layer);
+/// Makes the directories of `opaque` (marked by `.wh..wh..opq` in `layer`) opaque:
+/// everything lower layers put beneath them disappears, while what this layer put there
+/// stays, wherever the marker came in the tar. A subdirectory from a lower layer
+/// survives only as the path to this layer's entries, emptied of its lower contents.
+///
+/// Runs once at the end of the layer, iteratively and visiting each directory once,
+/// so neither deep nor repeatedly marked trees cost more than one walk.
+fn hide_lower_entries(tree: &mut Tree, opaque: &[NodeId], layer: u32) {
+    let is_dir = |tree: &Tree, n: NodeId| matches!(tree.node(n).data, NodeData::Dir(_));
+    let mut visited: HashSet<NodeId> = HashSet::new();
+    for &root in opaque {
+        // Directories under `root` in pre-order; pruned in reverse (children first).
+        let mut order = Vec::new();
+        let mut stack = vec![root];
+        while let Some(d) = stack.pop() {
+            if !visited.insert(d) {
+                continue;
+            }
+            order.push(d);
+            if let Some(children) = tree.children(d) {
+                stack.extend(
+                    children
+                        .values()
+                        .map(|c| c.node)
+                        .filter(|&n| is_dir(tree, n)),
+                );
+            }
         }
-        let keep = child.layer >= layer
-            || (is_dir && tree.children(child.node).is_some_and(|c| !c.is_empty()));
-        if !keep {
-            if let Some(children) = tree.children_mut(dir) {
-                children.remove(&name);
+        for &d in order.iter().rev() {
+            let Some(children) = tree.children(d) else {
+                continue;
+            };
+            let hidden: Vec<Vec<u8>> = children
+                .iter()
+                .filter(|(_, c)| {
+                    let lives_on = is_dir(tree, c.node)
+                        && tree.children(c.node).is_some_and(|cc| !cc.is_empty());
+                    c.layer < layer && !lives_on
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            if let Some(children) = tree.children_mut(d) {
+                for name in hidden {
+                    children.remove(&name);
+                }
             }
         }
     }
@@ -132,6 +164,7 @@ fn apply_entry(
     tar: &mut TarReader<impl Read>,
     entry: &TarEntry,
     layer: u32,
+    opaque: &mut Vec<NodeId>,
 ) -> Result<(), String> {
     let comps = components(&entry.path).ok_or("path has a '..' component")?;
     let meta = entry_meta(entry)?;
@@ -155,7 +188,7 @@ fn apply_entry(
             return Ok(());
         };
         if *name == OPAQUE_MARKER {
-            hide_lower_entries(tree, parent, layer);
+            opaque.push(parent);
         } else if !name.starts_with(b".wh..wh.") {
             let target = &name[WHITEOUT_PREFIX.len()..];
             if let Some(children) = tree.children_mut(parent) {

@@ -123,10 +123,12 @@ pub(crate) fn parse_pax_time(v: &[u8]) -> Option<(i64, u32)> {
         None => (false, s),
     };
     let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
-    let secs: i64 = whole.parse().ok()?;
-    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+    // Digits only: a second sign ("--5") or "+5" is not a time.
+    let digits = |t: &str| t.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(frac) {
         return None;
     }
+    let secs: i64 = whole.parse().ok()?;
     let digits: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
     let nsec: u32 = digits.parse().ok()?;
     Some(match (neg, nsec) {
@@ -217,7 +219,8 @@ impl<R: Read> TarReader<R> {
         let mut long_link: Option<Vec<u8>> = None;
         let mut pax: HashMap<String, Vec<u8>> = HashMap::new();
         loop {
-            self.skip(self.remaining_data + self.remaining_padding)?;
+            let left = self.remaining_data.saturating_add(self.remaining_padding);
+            self.skip(left)?;
             self.remaining_data = 0;
             self.remaining_padding = 0;
             if self.done {
@@ -485,6 +488,9 @@ mod tests {
         assert_eq!(parse_pax_time(b"-1.25"), Some((-2, 750000000)));
         assert_eq!(parse_pax_time(b"abc"), None);
         assert_eq!(parse_pax_time(b"1.2x"), None);
+        assert_eq!(parse_pax_time(b"--5"), None);
+        assert_eq!(parse_pax_time(b"-9223372036854775808"), None);
+        assert_eq!(parse_pax_time(b"-"), None);
     }
 
     #[test]

@@ -92,16 +92,16 @@ fn push_string(strings: &mut Vec<u8>, s: &[u8]) -> Result<u32> {
     Ok(offset as u32)
 }
 
-/// The files a prefetch path names: the file itself, or every file under a directory.
+/// The files a prefetch path names: the file itself, or every file under a directory
+/// (depth-first, names in order; iterative, so any depth is fine).
 fn expand_prefetch(tree: &Tree, node: NodeId, out: &mut Vec<NodeId>) {
-    match &tree.node(node).data {
-        NodeData::Dir(children) => {
-            for c in children.values() {
-                expand_prefetch(tree, c.node, out);
-            }
+    let mut stack = vec![node];
+    while let Some(n) = stack.pop() {
+        match &tree.node(n).data {
+            NodeData::Dir(children) => stack.extend(children.values().rev().map(|c| c.node)),
+            NodeData::File { .. } => out.push(n),
+            _ => {}
         }
-        NodeData::File { .. } => out.push(node),
-        _ => {}
     }
 }
 
