@@ -195,7 +195,7 @@ pub fn compress(data: &[u8], compression: Compression, level: i32) -> (Vec<u8>, 
         Compression::None => None,
         // In-memory compression of a buffer cannot fail short of allocation failure;
         // treat any error as "did not shrink" rather than failing the build.
-        Compression::Zstd => zstd::bulk::compress(data, level).ok(),
+        Compression::Zstd => zstd_compress(data, level),
         Compression::Gzip => {
             use std::io::Write;
             let level = flate2::Compression::new(level.clamp(0, 9) as u32);
@@ -207,6 +207,23 @@ pub fn compress(data: &[u8], compression: Compression, level: i32) -> (Vec<u8>, 
         Some(p) if p.len() < data.len() => (p, compression),
         _ => (data.to_vec(), Compression::None),
     }
+}
+
+/// zstd with one compression context per thread and level: creating a context costs
+/// more than compressing a small chunk.
+fn zstd_compress(data: &[u8], level: i32) -> Option<Vec<u8>> {
+    use std::cell::RefCell;
+    thread_local! {
+        static CONTEXT: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+            const { RefCell::new(None) };
+    }
+    CONTEXT.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+            *slot = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        slot.as_mut()?.1.compress(data).ok()
+    })
 }
 
 /// Decompresses one chunk into exactly `uncompressed_size` bytes; anything else is an

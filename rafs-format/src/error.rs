@@ -124,14 +124,14 @@ impl Error {
 
     /// A corrupt field, for validation code.
     pub(crate) fn corrupt(
-        structure: impl Into<String>,
+        structure: impl std::fmt::Display,
         field: &'static str,
         offset: u64,
         value: impl std::fmt::Display,
         reason: impl Into<String>,
     ) -> Self {
         Error::Corrupt {
-            structure: structure.into(),
+            structure: structure.to_string(),
             field,
             offset,
             value: value.to_string(),

@@ -29,6 +29,7 @@ const BOOTSTRAP_SIZE: std::ops::Range<usize> = 48..56;
 pub fn bootstrap(data: &[u8]) {
     if let Ok(b) = Bootstrap::from_bytes(data.to_vec(), Verify::Trusted) {
         exercise(&b);
+        let _ = b.validate_all();
     }
     if let Some(size) = data.get(BOOTSTRAP_SIZE) {
         let len = (data.len() as u64).to_le_bytes();
@@ -37,12 +38,14 @@ pub fn bootstrap(data: &[u8]) {
             fixed[BOOTSTRAP_SIZE].copy_from_slice(&len);
             if let Ok(b) = Bootstrap::from_bytes(fixed, Verify::Trusted) {
                 exercise(&b);
+                let _ = b.validate_all();
             }
         }
     }
 }
 
-/// Calls every reader accessor on an opened bootstrap, ignoring the results.
+/// Calls every reader accessor on an opened bootstrap, ignoring the results (callers
+/// follow with `validate_all`).
 fn exercise(b: &Bootstrap) {
     let _ = (b.as_bytes().len(), b.digest_algo(), b.chunking());
     let mut budget = BUDGET;
@@ -81,7 +84,6 @@ fn exercise(b: &Bootstrap) {
     ] {
         let _ = b.resolve(path);
     }
-    let _ = b.validate_all();
 }
 
 fn exercise_inode(b: &Bootstrap, inode: &Inode, budget: &mut u64) {
@@ -123,25 +125,127 @@ fn exercise_inode(b: &Bootstrap, inode: &Inode, budget: &mut u64) {
 }
 
 /// Builds an image from `data` as a layer tarball (plain, gzip or zstd); if the build
-/// succeeds, reads the image back with the checksum verified and validates it.
+/// succeeds, reads the image back with the checksum verified, validates and `check`s it.
+///
+/// A plain tar is also split into layers and built again: tars concatenated after an
+/// end-of-archive marker are applied as the next layers (up to [`MAX_LAYERS`]), so
+/// whiteouts and opaque markers meet lower layers; and every header's checksum is
+/// recomputed, since a mutated header almost always fails its checksum and would stop
+/// the fuzzer at the first check.
 pub fn layer(data: &[u8]) {
-    let _ = build_and_check(data);
+    let _ = build_and_check(&[data]);
+    if let Some((fixed, layers)) = split_tar(data) {
+        let layers: Vec<&[u8]> = layers.into_iter().map(|r| &fixed[r]).collect();
+        let _ = build_and_check(&layers);
+    }
 }
 
 /// Like [`layer`], but panics if a build that succeeded wrote an image that the reader or
 /// `check` rejects: the builder must refuse what the format cannot hold, not write it.
 pub fn layer_roundtrip(data: &[u8]) {
-    if let Err(Some(why)) = build_and_check(data) {
-        panic!("the builder accepted this layer but wrote an invalid image: {why}");
+    let fail = |why: String| -> ! {
+        panic!("the builder accepted these layers but wrote an invalid image: {why}")
+    };
+    if let Err(Some(why)) = build_and_check(&[data]) {
+        fail(why);
     }
+    if let Some((fixed, layers)) = split_tar(data) {
+        let layers: Vec<&[u8]> = layers.into_iter().map(|r| &fixed[r]).collect();
+        if let Err(Some(why)) = build_and_check(&layers) {
+            fail(why);
+        }
+    }
+}
+
+/// Layers applied at most, so a long run of tiny tars stays one cheap execution.
+const MAX_LAYERS: usize = 4;
+
+/// For a plain tar: the bytes with every header checksum recomputed, and the ranges of
+/// the layers in them. `None` if that changes nothing (one layer, checksums right) or
+/// `data` is compressed. Headers are found by walking sizes as a tar reader does,
+/// approximately (PAX `size` records are not applied).
+fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
+    const BLOCK: usize = 512;
+    if data.starts_with(&[0x1f, 0x8b]) || data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return None;
+    }
+    let mut out = data.to_vec();
+    let mut changed = false;
+    let mut layers = Vec::new();
+    let (mut start, mut pos, mut in_trailer) = (0, 0, false);
+    while let Some(h) = out.get_mut(pos..pos + BLOCK) {
+        if h.iter().all(|&b| b == 0) {
+            in_trailer = true;
+            pos += BLOCK;
+            continue;
+        }
+        if in_trailer {
+            // A header after the end-of-archive blocks starts the next layer.
+            if layers.len() + 1 == MAX_LAYERS {
+                break;
+            }
+            layers.push(start..pos);
+            start = pos;
+            in_trailer = false;
+        }
+        pos += BLOCK;
+        let sum: u64 = h
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u64::from(b)
+                }
+            })
+            .sum();
+        if tar_number(&h[148..156]) != Some(sum) {
+            h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+            changed = true;
+        }
+        let size = tar_size(&h[124..136]);
+        let Some(next) = usize::try_from(size.div_ceil(BLOCK as u64))
+            .ok()
+            .and_then(|b| b.checked_mul(BLOCK))
+            .and_then(|n| n.checked_add(pos))
+            .filter(|&next| next < out.len())
+        else {
+            break;
+        };
+        pos = next;
+    }
+    layers.push(start..out.len());
+    (changed || layers.len() > 1).then_some((out, layers))
+}
+
+/// A tar size field, octal or GNU base-256, leniently (0 if unreadable).
+fn tar_size(field: &[u8]) -> u64 {
+    if field[0] & 0x80 != 0 {
+        return field[1..].iter().fold(0u64, |n, &b| {
+            n.saturating_mul(256).saturating_add(u64::from(b))
+        });
+    }
+    tar_number(field).unwrap_or(0)
+}
+
+/// An octal tar number field (leading spaces, then digits up to a NUL or space).
+fn tar_number(field: &[u8]) -> Option<u64> {
+    let text: Vec<u8> = field
+        .iter()
+        .copied()
+        .skip_while(|&b| b == b' ')
+        .take_while(|&b| b != 0 && b != b' ')
+        .collect();
+    u64::from_str_radix(std::str::from_utf8(&text).ok()?, 8).ok()
 }
 
 /// `Err(None)`: the build failed (fine); `Err(Some(why))`: the build succeeded and the
 /// image it wrote is invalid.
-fn build_and_check(data: &[u8]) -> Result<(), Option<String>> {
+fn build_and_check(layers: &[&[u8]]) -> Result<(), Option<String>> {
     let dir = tempfile::tempdir().map_err(|_| None)?;
     let out = dir.path().join("image");
-    build(data, &out).map_err(|_| None)?;
+    build(layers, &out).map_err(|_| None)?;
     let b = Bootstrap::open(&out.join("bootstrap")).map_err(|e| Some(e.to_string()))?;
     exercise(&b);
     b.validate_all().map_err(|e| Some(e.to_string()))?;
@@ -149,7 +253,7 @@ fn build_and_check(data: &[u8]) -> Result<(), Option<String>> {
     Ok(())
 }
 
-fn build(data: &[u8], out: &Path) -> crate::Result<()> {
+fn build(layers: &[&[u8]], out: &Path) -> crate::Result<()> {
     let opts = BuildOptions {
         // Small chunks and a fast level keep one execution short.
         chunking: Chunking::Fixed { size: 4096 },
@@ -157,7 +261,49 @@ fn build(data: &[u8], out: &Path) -> crate::Result<()> {
         ..BuildOptions::default()
     };
     let mut builder = Builder::new(out, opts)?;
-    builder.add_layer(data)?;
+    for layer in layers {
+        builder.add_layer(*layer)?;
+    }
     builder.finish()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = ::tar::Builder::new(Vec::new());
+        for (name, data) in files {
+            let mut h = ::tar::Header::new_ustar();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).expect("append");
+        }
+        b.into_inner().expect("finish tar")
+    }
+
+    #[test]
+    fn concatenated_tars_are_split_into_layers() {
+        let lower = tar_of(&[("a/f", b"lower"), ("a/g", b"kept")]);
+        let upper = tar_of(&[("a/.wh.f", b"")]);
+        let both = [&lower[..], &upper[..]].concat();
+        let (fixed, layers) = split_tar(&both).expect("two layers");
+        assert!(fixed == both, "valid checksums are kept");
+        assert_eq!(layers, vec![0..lower.len(), lower.len()..both.len()]);
+        assert_eq!(split_tar(&lower), None);
+        let layers: Vec<&[u8]> = layers.into_iter().map(|r| &fixed[r]).collect();
+        assert_eq!(build_and_check(&layers), Ok(()));
+    }
+
+    #[test]
+    fn broken_header_checksums_are_fixed() {
+        let mut t = tar_of(&[("f", b"data")]);
+        t[0] = b'g';
+        let (fixed, layers) = split_tar(&t).expect("checksum fixed");
+        assert_eq!(layers, vec![0..t.len()]);
+        assert_eq!(build_and_check(&[&t[..]]), Err(None));
+        assert_eq!(build_and_check(&[&fixed[..]]), Ok(()));
+    }
 }

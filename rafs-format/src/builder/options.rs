@@ -38,7 +38,7 @@ impl Default for BuildOptions {
         BuildOptions {
             chunking: Chunking::default(),
             compression: Compression::Zstd,
-            compression_level: 9,
+            compression_level: 3,
             digest: DigestAlgo::Sha256,
             chunk_dict: None,
             prefetch: Vec::new(),

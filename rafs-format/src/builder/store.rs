@@ -26,6 +26,20 @@ use crate::{Error, Result};
 /// parallel, so small files still keep every core busy.
 const BATCH_BYTES: usize = 32 << 20;
 
+/// Reads until `buf` is full or the input ends; returns the bytes read.
+fn read_full(data: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match data.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
 /// Where a unique chunk's stored bytes are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Location {
@@ -179,19 +193,22 @@ impl ChunkStore {
         let first = self.occurrences.len() as u32;
         let mut size = 0u64;
         match self.chunking {
-            Chunking::Fixed { size: chunk_size } => loop {
-                let mut buf = Vec::with_capacity(chunk_size as usize);
-                (&mut data).take(chunk_size.into()).read_to_end(&mut buf)?;
-                if buf.is_empty() {
-                    break;
+            Chunking::Fixed { size: chunk_size } => {
+                // Read into one scratch buffer and keep exact-size copies, so a 1 KiB
+                // file does not hold a 1 MiB allocation while its batch waits.
+                let mut scratch = vec![0u8; chunk_size as usize];
+                loop {
+                    let n = read_full(&mut data, &mut scratch)?;
+                    if n == 0 {
+                        break;
+                    }
+                    size += n as u64;
+                    self.push_piece(scratch[..n].to_vec())?;
+                    if n < scratch.len() {
+                        break;
+                    }
                 }
-                size += buf.len() as u64;
-                let full = buf.len() == chunk_size as usize;
-                self.push_piece(buf)?;
-                if !full {
-                    break;
-                }
-            },
+            }
             Chunking::Cdc { min, avg, max } => {
                 for piece in fastcdc::v2020::StreamCDC::new(&mut data, min, avg, max) {
                     let piece = piece.map_err(|e| match e {

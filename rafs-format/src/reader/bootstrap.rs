@@ -170,6 +170,35 @@ pub struct PrefetchEntry<'a> {
     pub path: &'a [u8],
 }
 
+/// Names a record in errors ("inode[17]"), formatted only when an error is made: record
+/// reads are the hot path of lookups and must not allocate.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    table: &'static str,
+    index: u64,
+    inode: Option<u32>,
+}
+
+impl Loc {
+    fn new(table: &'static str, index: u64) -> Self {
+        Loc {
+            table,
+            index,
+            inode: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Loc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.table, self.index)?;
+        if let Some(ino) = self.inode {
+            write!(f, " of inode {ino}")?;
+        }
+        Ok(())
+    }
+}
+
 /// A table located and bounds-checked at open time.
 #[derive(Debug, Clone, Copy)]
 struct Table {
@@ -420,7 +449,7 @@ impl Bootstrap {
     /// `len` bytes of the string table from `offset`.
     fn string(
         &self,
-        structure: &str,
+        structure: &dyn std::fmt::Display,
         field: &'static str,
         at: u64,
         offset: u64,
@@ -442,7 +471,7 @@ impl Bootstrap {
     }
 
     fn check_range(
-        structure: &str,
+        structure: &dyn std::fmt::Display,
         field: &'static str,
         at: u64,
         start: u32,
@@ -465,10 +494,10 @@ impl Bootstrap {
     pub fn inode(&self, ino: u32) -> Result<Inode> {
         let index = u64::from(ino).wrapping_sub(1);
         let (r, at) = self.record::<InodeV1>(&self.inodes, index)?;
-        let name = format!("inode[{ino}]");
+        let name = Loc::new("inode", ino.into());
         let kind = FileKind::from_mode(r.mode.get()).ok_or_else(|| {
             Error::corrupt(
-                &name,
+                name,
                 "mode",
                 at,
                 format!("{:o}", r.mode.get()),
@@ -477,7 +506,7 @@ impl Bootstrap {
         })?;
         if r.mode.get() & !(mode::S_IFMT | 0o7777) != 0 {
             return Err(Error::corrupt(
-                &name,
+                name,
                 "mode",
                 at,
                 format!("{:o}", r.mode.get()),
@@ -486,7 +515,7 @@ impl Bootstrap {
         }
         if r.mtime_nsec.get() >= 1_000_000_000 {
             return Err(Error::corrupt(
-                &name,
+                name,
                 "mtime_nsec",
                 at + 32,
                 r.mtime_nsec.get(),
@@ -495,7 +524,7 @@ impl Bootstrap {
         }
         if r.nlink.get() == 0 {
             return Err(Error::corrupt(
-                &name,
+                name,
                 "nlink",
                 at + 12,
                 0,
@@ -504,7 +533,7 @@ impl Bootstrap {
         }
         if r.parent.get() == 0 || u64::from(r.parent.get()) > self.inodes.count {
             return Err(Error::corrupt(
-                &name,
+                name,
                 "parent",
                 at + 44,
                 r.parent.get(),
@@ -527,7 +556,7 @@ impl Bootstrap {
             FileKind::Symlink => {
                 if count == 0 || u64::from(count) != r.size.get() {
                     return Err(Error::corrupt(
-                        &name,
+                        name,
                         "data_count",
                         at + 52,
                         count,
@@ -539,7 +568,7 @@ impl Bootstrap {
             _ => {
                 if start != 0 || count != 0 || r.size.get() != 0 {
                     return Err(Error::corrupt(
-                        &name,
+                        name,
                         "data_count",
                         at + 52,
                         count,
@@ -579,7 +608,7 @@ impl Bootstrap {
     /// Reads and validates dirent `index`.
     fn dirent(&self, index: u64) -> Result<DirEntry<'_>> {
         let (r, at) = self.record::<DirentV1>(&self.dirents, index)?;
-        let structure = format!("dirent[{index}]");
+        let structure = Loc::new("dirent", index);
         let len = r.name_len.get();
         let name = self.string(
             &structure,
@@ -590,7 +619,7 @@ impl Bootstrap {
         )?;
         if let Err(why) = check_name(name) {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "name",
                 at,
                 String::from_utf8_lossy(name),
@@ -599,7 +628,7 @@ impl Bootstrap {
         }
         if r.ino.get() == 0 || u64::from(r.ino.get()) > self.inodes.count {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "ino",
                 at + 8,
                 r.ino.get(),
@@ -610,11 +639,11 @@ impl Bootstrap {
             .then(|| FileKind::from_mode(u32::from(r.kind) << 12))
             .flatten()
             .ok_or_else(|| {
-                Error::corrupt(&structure, "kind", at + 6, r.kind, "unknown file type")
+                Error::corrupt(structure, "kind", at + 6, r.kind, "unknown file type")
             })?;
         if r.reserved != 0 || r.reserved2.get() != 0 {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "reserved",
                 at + 7,
                 "non-zero",
@@ -702,10 +731,13 @@ impl Bootstrap {
         for i in 0..u64::from(file.data_count) {
             let index = u64::from(file.data_start) + i;
             let (r, at) = self.record::<FileChunkV1>(&self.file_chunks, index)?;
-            let structure = format!("file_chunk[{index}] of inode {}", file.ino);
+            let structure = Loc {
+                inode: Some(file.ino),
+                ..Loc::new("file_chunk", index)
+            };
             if r.file_offset.get() != expect {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "file_offset",
                     at,
                     r.file_offset.get(),
@@ -715,7 +747,7 @@ impl Bootstrap {
             let len = r.len.get();
             if len == 0 || len > MAX_CHUNK_SIZE {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "len",
                     at + 12,
                     len,
@@ -728,7 +760,7 @@ impl Bootstrap {
                     let info = self.chunk(c)?;
                     if info.uncompressed_size != len {
                         return Err(Error::corrupt(
-                            &structure,
+                            structure,
                             "len",
                             at + 12,
                             len,
@@ -760,10 +792,10 @@ impl Bootstrap {
     /// Reads and validates chunk `index`.
     pub fn chunk(&self, index: u32) -> Result<ChunkInfo> {
         let (r, at) = self.record::<ChunkV1>(&self.chunks, index.into())?;
-        let structure = format!("chunk[{index}]");
+        let structure = Loc::new("chunk", index.into());
         let compression = Compression::from_byte(r.compression).ok_or_else(|| {
             Error::corrupt(
-                &structure,
+                structure,
                 "compression",
                 at + 36,
                 r.compression,
@@ -773,7 +805,7 @@ impl Bootstrap {
         let (usize_, csize) = (r.uncompressed_size.get(), r.compressed_size.get());
         if usize_ == 0 || usize_ > MAX_CHUNK_SIZE {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "uncompressed_size",
                 at + 52,
                 usize_,
@@ -785,7 +817,7 @@ impl Bootstrap {
             || csize > MAX_CHUNK_SIZE
         {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "compressed_size",
                 at + 48,
                 csize,
@@ -796,7 +828,7 @@ impl Bootstrap {
         let end = r.compressed_offset.get().checked_add(csize.into());
         if end.is_none_or(|e| e > blob.size) {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "compressed_offset",
                 at + 40,
                 r.compressed_offset.get(),
@@ -809,7 +841,7 @@ impl Bootstrap {
         }
         if r.reserved != [0; 3] || r.reserved2 != [0; 8] {
             return Err(Error::corrupt(
-                &structure,
+                structure,
                 "reserved",
                 at + 37,
                 "non-zero",
@@ -859,7 +891,7 @@ impl Bootstrap {
         for i in 0..u64::from(inode.xattr_count) {
             let index = u64::from(inode.xattr_start) + i;
             let (r, at) = self.record::<XattrV1>(&self.xattrs, index)?;
-            let structure = format!("xattr[{index}]");
+            let structure = Loc::new("xattr", index);
             let name = self.string(
                 &structure,
                 "name_offset",
@@ -876,7 +908,7 @@ impl Bootstrap {
             )?;
             if name.is_empty() || name.len() > 255 || name.contains(&0) {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "name_len",
                     at + 4,
                     name.len(),
@@ -885,7 +917,7 @@ impl Bootstrap {
             }
             if value.len() > 65536 {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "value_len",
                     at + 12,
                     value.len(),
@@ -916,10 +948,10 @@ impl Bootstrap {
         let mut out = Vec::new();
         for index in 0..self.prefetch.count {
             let (r, at) = self.record::<PrefetchV1>(&self.prefetch, index)?;
-            let structure = format!("prefetch[{index}]");
+            let structure = Loc::new("prefetch", index);
             if r.ino.get() == 0 || u64::from(r.ino.get()) > self.inodes.count {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "ino",
                     at,
                     r.ino.get(),
@@ -928,7 +960,7 @@ impl Bootstrap {
             }
             if r.reserved.get() != 0 {
                 return Err(Error::corrupt(
-                    &structure,
+                    structure,
                     "reserved",
                     at + 12,
                     r.reserved.get(),
