@@ -422,31 +422,15 @@ pub fn measure<T>(reps: usize, mut f: impl FnMut() -> T) -> Timing {
 
 /// `VmHWM` (peak resident set) of this process in bytes, if the kernel reports it.
 pub fn peak_rss_bytes() -> Option<u64> {
-    status_field("VmHWM:")
-}
-
-/// `VmRSS` (current resident set) of this process in bytes.
-pub fn rss_bytes() -> Option<u64> {
-    status_field("VmRSS:")
-}
-
-fn status_field(key: &str) -> Option<u64> {
     let status = fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(key))?;
-    let kib: u64 = line[key.len()..]
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line["VmHWM:".len()..]
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
     Some(kib * 1024)
-}
-
-/// Resets `VmHWM` to the current RSS (writing `5` to `/proc/self/clear_refs`, Linux ≥ 4.0),
-/// so a later `peak_rss_bytes` reports the peak of what ran in between. Returns whether
-/// the kernel accepted it.
-pub fn reset_peak_rss() -> bool {
-    fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 /// One line describing the machine: cores, memory, kernel, CPU, load.
