@@ -21,6 +21,9 @@ pub const VERSION: u32 = 1;
 pub const ROOT_INO: u32 = 1;
 /// `FileChunkV1::chunk_index` value of a hole: `len` zero bytes with no stored data.
 pub const HOLE: u32 = u32::MAX;
+/// Longest path (from the root, without the leading `/`) an image may hold, as Linux's
+/// PATH_MAX; it also bounds the depth of the tree.
+pub const PATH_MAX: u32 = 4096;
 /// Longest file name (one path component) the format allows, as Linux's NAME_MAX.
 pub const NAME_MAX: usize = 255;
 

@@ -177,3 +177,32 @@ fn a_flipped_blob_byte_names_the_chunk_and_file() {
     let msg = image::check(&img).unwrap_err().to_string();
     assert!(msg.contains(&blob.hex()) || msg.contains("blob"), "{msg}");
 }
+
+/// Two files claiming the same piece range would make whole-image validation quadratic
+/// (found by fuzzing); ranges must follow each other.
+#[test]
+fn overlapping_ranges_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = small_image(dir.path());
+    let bytes = std::fs::read(img.join("bootstrap")).unwrap();
+    let b = Bootstrap::from_bytes(bytes.clone(), Verify::Checksum).unwrap();
+    let inodes = u64::from_le_bytes(bytes[72..80].try_into().unwrap()) as usize;
+    // Find two regular files and point the second at the first one's pieces.
+    let files: Vec<u32> = (1..=b.inode_count())
+        .filter(|&i| b.inode(i).unwrap().kind == rafs_format::reader::FileKind::Regular)
+        .collect();
+    let (first, second) = (files[0] as usize, files[1] as usize);
+    let rec = |ino: usize| inodes + (ino - 1) * 64;
+    let mut bad = bytes.clone();
+    let src = rec(first);
+    let dst = rec(second);
+    // size, data_start and data_count of the first file copied onto the second.
+    let size: [u8; 8] = bytes[src + 16..src + 24].try_into().unwrap();
+    let range: [u8; 8] = bytes[src + 48..src + 56].try_into().unwrap();
+    bad[dst + 16..dst + 24].copy_from_slice(&size);
+    bad[dst + 48..dst + 56].copy_from_slice(&range);
+    let err = open_and_validate(bad, Verify::Trusted)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must not overlap"), "{err}");
+}

@@ -1,7 +1,7 @@
 //! Replays the fuzz targets' checked-in inputs on stable Rust: every file under
 //! `fuzz/regressions/<target>/` (inputs that once crashed) and `fuzz/seeds/<target>/` (a
 //! few small seeds), through the same `rafs_format::fuzzing` functions the fuzzer runs.
-//! A panic here is a regression; see `fuzz/README.md` to fuzz for new ones.
+//! A panic here is a regression; `fuzz/README.md` says how to fuzz for new ones.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 

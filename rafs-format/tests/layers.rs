@@ -227,3 +227,16 @@ fn bad_layers_are_refused_naming_the_entry() {
     let err = build(&[truncated.to_vec()]).err().unwrap().to_string();
     assert!(err.contains("ends inside"), "{err}");
 }
+
+/// Paths longer than PATH_MAX (which also bounds depth) are refused at build time.
+#[test]
+fn paths_longer_than_path_max_are_refused() {
+    let deep = vec!["d"; 2100].join("/");
+    let l = layer(&[E::Pax("x", b"", vec![("path", deep.as_bytes())])]);
+    let err = build(&[l]).err().unwrap().to_string();
+    assert!(err.contains("PATH_MAX"), "{err}");
+    let ok = vec!["d"; 2000].join("/");
+    let l = layer(&[E::Pax("x", b"", vec![("path", ok.as_bytes())])]);
+    let img = build(&[l]).unwrap();
+    assert!(img.exists(&ok));
+}

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use super::store::ChunkStore;
 use super::tar::{EntryType, TarEntry, TarReader};
 use super::tree::{components, Child, Meta, Node, NodeData, NodeId, Tree, ROOT};
+use crate::layout::PATH_MAX;
 use crate::reader::{check_name, FileKind};
 use crate::{Error, Result};
 
@@ -167,6 +168,16 @@ fn apply_entry(
     opaque: &mut Vec<NodeId>,
 ) -> Result<(), String> {
     let comps = components(&entry.path).ok_or("path has a '..' component")?;
+    let path_len = comps
+        .iter()
+        .map(|c| c.len() + 1)
+        .sum::<usize>()
+        .saturating_sub(1);
+    if path_len > PATH_MAX as usize {
+        return Err(format!(
+            "path of {path_len} bytes is longer than {PATH_MAX} (PATH_MAX)"
+        ));
+    }
     let meta = entry_meta(entry)?;
     meta.validate()
         .map_err(|why| format!("bad metadata: {why}"))?;

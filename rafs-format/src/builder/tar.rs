@@ -202,7 +202,8 @@ impl<R: Read> TarReader<R> {
         if size > MAX_META_ENTRY {
             return Err(bad(format!("{what} of {size} bytes is larger than 16 MiB")));
         }
-        let mut buf = Vec::with_capacity(size as usize);
+        // Grown as data arrives, so a header claiming 16 MiB costs only what follows it.
+        let mut buf = Vec::new();
         self.data().read_to_end(&mut buf)?;
         if buf.len() as u64 != size {
             return Err(io::Error::new(

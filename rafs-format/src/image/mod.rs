@@ -31,23 +31,25 @@ pub(crate) fn walk(
 ) -> Result<()> {
     let mut seen: HashSet<u32> = HashSet::new();
     let root = b.inode(crate::layout::ROOT_INO)?;
-    // Each level: the directory, its path, and the index of its next entry.
-    let mut stack: Vec<(Inode, Vec<u8>, u32)> = vec![(root, Vec::new(), 0)];
-    while let Some((dir, path, next)) = stack.last_mut() {
+    // One path buffer, cut back to a directory's own path before each of its entries.
+    let mut path: Vec<u8> = Vec::new();
+    // Each level: the directory, the length of its path, and its next entry's index.
+    let mut stack: Vec<(Inode, usize, u32)> = vec![(root, 0, 0)];
+    while let Some((dir, dir_len, next)) = stack.last_mut() {
         let Some(e) = b.dir_entry(dir, *next)? else {
             stack.pop();
             continue;
         };
         *next += 1;
-        let inode = b.inode(e.ino)?;
-        let mut p = path.clone();
-        if !p.is_empty() {
-            p.push(b'/');
+        path.truncate(*dir_len);
+        if !path.is_empty() {
+            path.push(b'/');
         }
-        p.extend_from_slice(e.name);
-        visit(&p, &inode, seen.insert(e.ino))?;
+        path.extend_from_slice(e.name);
+        let inode = b.inode(e.ino)?;
+        visit(&path, &inode, seen.insert(e.ino))?;
         if inode.kind == FileKind::Directory {
-            stack.push((inode, p, 0));
+            stack.push((inode, path.len(), 0));
         }
     }
     Ok(())

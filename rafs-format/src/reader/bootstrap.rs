@@ -13,7 +13,7 @@ use zerocopy::{FromBytes, Immutable, KnownLayout};
 use crate::chunk::{Chunking, Compression, DigestAlgo, MAX_CHUNK_SIZE};
 use crate::layout::{
     mode, BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1,
-    XattrV1, HOLE, MAGIC, NAME_MAX, ROOT_INO, VERSION,
+    XattrV1, HOLE, MAGIC, NAME_MAX, PATH_MAX, ROOT_INO, VERSION,
 };
 use crate::{Error, Result};
 
@@ -987,13 +987,17 @@ impl Bootstrap {
     /// directory's names strictly sorted, dirent kinds matching their inodes, every file's
     /// pieces tiling it, every chunk inside its blob.
     pub fn validate_all(&self) -> Result<()> {
+        self.validate_range_order()?;
         let n = self.inodes.count as usize;
         let mut links = vec![0u32; n + 1];
         let mut seen_dir = vec![false; n + 1];
+        // Length of each directory's path from the root, to bound paths at PATH_MAX.
+        let mut path_len = vec![0u32; n + 1];
         seen_dir[ROOT_INO as usize] = true;
         let mut stack = vec![ROOT_INO];
         while let Some(dir_ino) = stack.pop() {
             let dir = self.inode(dir_ino)?;
+            let dir_path_len = path_len[dir_ino as usize];
             let mut subdirs = 0u32;
             let mut prev: Option<&[u8]> = None;
             for e in self.dir_entries(&dir) {
@@ -1008,6 +1012,19 @@ impl Bootstrap {
                     ));
                 }
                 prev = Some(e.name);
+                let len = dir_path_len + 1 + e.name.len() as u32;
+                if len > PATH_MAX {
+                    return Err(Error::corrupt(
+                        format!(
+                            "entry {:?} of inode {dir_ino}",
+                            String::from_utf8_lossy(e.name)
+                        ),
+                        "name",
+                        0,
+                        len,
+                        format!("its path is longer than {PATH_MAX} bytes"),
+                    ));
+                }
                 let target = self.inode(e.ino)?;
                 if target.kind != e.kind {
                     return Err(Error::corrupt(
@@ -1044,6 +1061,7 @@ impl Bootstrap {
                         ));
                     }
                     seen_dir[e.ino as usize] = true;
+                    path_len[e.ino as usize] = len;
                     subdirs += 1;
                     stack.push(e.ino);
                 } else {
@@ -1121,6 +1139,53 @@ impl Bootstrap {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl Bootstrap {
+    /// Requires every inode's dirent, file-chunk and xattr ranges to follow the previous
+    /// inode's in each table (as writers lay them out). Without this, many inodes could
+    /// share one large range and whole-image validation would take quadratic time.
+    fn validate_range_order(&self) -> Result<()> {
+        let (mut dirents_end, mut chunks_end, mut xattrs_end) = (0u64, 0u64, 0u64);
+        for ino in 1..=self.inode_count() {
+            let inode = self.inode(ino)?;
+            let follow = |end: &mut u64, start: u32, count: u32, field| {
+                if u64::from(start) < *end && count > 0 {
+                    return Err(Error::corrupt(
+                        Loc::new("inode", ino.into()),
+                        field,
+                        0,
+                        start,
+                        format!("ranges must not overlap: the previous inode's ends at {end}"),
+                    ));
+                }
+                *end = (*end).max(u64::from(start) + u64::from(count));
+                Ok(())
+            };
+            match inode.kind {
+                FileKind::Directory => follow(
+                    &mut dirents_end,
+                    inode.data_start,
+                    inode.data_count,
+                    "data_start",
+                )?,
+                FileKind::Regular => follow(
+                    &mut chunks_end,
+                    inode.data_start,
+                    inode.data_count,
+                    "data_start",
+                )?,
+                _ => {}
+            }
+            follow(
+                &mut xattrs_end,
+                inode.xattr_start,
+                inode.xattr_count,
+                "xattr_start",
+            )?;
         }
         Ok(())
     }
