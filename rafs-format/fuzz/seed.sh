@@ -2,7 +2,8 @@
 # Generates the seed corpora of the fuzz targets:
 #   corpus/bootstrap/  bootstraps of a few small images built by `tessera build`
 #   corpus/layer/      small layer tarballs: GNU tar (hardlink, symlink, long name,
-#                      whiteout, opaque marker), PAX with xattrs, gzip and zstd
+#                      whiteout, opaque marker), PAX with xattrs, gzip, zstd, and
+#                      tars concatenated (applied as two or three layers)
 # corpus/layer_roundtrip/ gets the layer seeds too. Run from anywhere; needs GNU tar,
 # gzip, zstd and setfattr. The corpora are not checked in (see .gitignore); a few small
 # seeds are, under seeds/, for tests/fuzz_regressions.rs.
@@ -75,6 +76,16 @@ mkdir -p "$work/l2/dir"
 : > "$work/l2/dir/.wh.file"
 : > "$work/l2/.wh..wh..opq"
 gnu -C "$work/l2" -cf "$layers/whiteouts-only.tar" .
+# Tars concatenated after the end-of-archive blocks are applied as further layers by the
+# fuzz targets: a lower layer, then whiteouts and an opaque marker meeting it.
+mkdir -p "$work/l3/opaque/new"
+: > "$work/l3/opaque/.wh..wh..opq"
+echo upper > "$work/l3/opaque/new/file"
+mkdir -p "$work/l3/dir"
+: > "$work/l3/dir/.wh.symlink"
+gnu -C "$work/l3" -cf "$work/upper.tar" .
+cat "$layers/gnu.tar" "$work/upper.tar" > "$layers/two-layers.tar"
+cat "$layers/two-layers.tar" "$layers/whiteouts-only.tar" > "$layers/three-layers.tar"
 cp "$layers"/* "$fuzz_dir/corpus/layer_roundtrip/"
 
 ls -l "$fuzz_dir/corpus/bootstrap" "$layers"
