@@ -70,18 +70,18 @@ fn configs() -> Vec<Config> {
     let d = BuildOptions::default;
     vec![
         Config {
-            name: "tessera: default (zstd-9, fixed 1 MiB)",
+            name: "tessera: default (zstd-3, fixed 1 MiB)",
             opts: d(),
         },
         Config {
-            name: "tessera: zstd-3, fixed 1 MiB",
+            name: "tessera: zstd-9, fixed 1 MiB",
             opts: BuildOptions {
-                compression_level: 3,
+                compression_level: 9,
                 ..d()
             },
         },
         Config {
-            name: "tessera: zstd-9, CDC 64K/256K/1M",
+            name: "tessera: zstd-3, CDC 64K/256K/1M",
             opts: BuildOptions {
                 chunking: Chunking::Cdc {
                     min: 64 << 10,
