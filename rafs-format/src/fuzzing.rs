@@ -165,7 +165,7 @@ const MAX_LAYERS: usize = 4;
 /// `data` is compressed. Headers are found by walking sizes as a tar reader does,
 /// approximately (PAX `size` records are not applied).
 fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
-    const BLOCK: usize = 512;
+    use crate::builder::tar::BLOCK;
     if data.starts_with(&[0x1f, 0x8b]) || data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         return None;
     }
@@ -189,17 +189,10 @@ fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
             in_trailer = false;
         }
         pos += BLOCK;
-        let sum: u64 = h
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    u64::from(b)
-                }
-            })
-            .sum();
+        let Ok(header) = <&[u8; BLOCK]>::try_from(&*h) else {
+            break;
+        };
+        let (sum, _) = crate::builder::tar::header_checksums(header);
         if tar_number(&h[148..156]) != Some(sum) {
             h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
             changed = true;

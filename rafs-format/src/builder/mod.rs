@@ -11,7 +11,7 @@ mod oci_layout;
 mod options;
 mod source_dir;
 mod store;
-mod tar;
+pub(crate) mod tar;
 mod tree;
 mod writer;
 

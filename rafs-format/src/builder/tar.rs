@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 
-const BLOCK: usize = 512;
+pub(crate) const BLOCK: usize = 512;
 /// PAX and GNU long-name headers larger than this are refused (they are metadata).
 const MAX_META_ENTRY: u64 = 16 << 20;
 
@@ -80,6 +80,21 @@ fn parse_number(field: &[u8], name: &str) -> io::Result<u64> {
 fn parse_str(field: &[u8]) -> &[u8] {
     let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
     &field[..end]
+}
+
+/// A header's checksum as the unsigned and as the (historical) signed byte sum, with
+/// the checksum field itself counted as spaces. Writers use the unsigned one.
+pub(crate) fn header_checksums(h: &[u8; BLOCK]) -> (u64, i64) {
+    let field = 148..156;
+    let bytes = || {
+        h.iter()
+            .enumerate()
+            .map(|(i, &b)| if field.contains(&i) { b' ' } else { b })
+    };
+    (
+        bytes().map(u64::from).sum(),
+        bytes().map(|b| i64::from(b as i8)).sum(),
+    )
 }
 
 /// Parses PAX records (`"<len> <key>=<value>\n"`), length-prefixed so values may hold
@@ -237,28 +252,7 @@ impl<R: Read> TarReader<R> {
                 return Ok(None);
             }
             let stored = parse_number(&h[148..156], "checksum")?;
-            let unsigned: u64 = h
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| {
-                    if (148..156).contains(&i) {
-                        32
-                    } else {
-                        u64::from(b)
-                    }
-                })
-                .sum();
-            let signed: i64 = h
-                .iter()
-                .enumerate()
-                .map(|(i, &b)| {
-                    if (148..156).contains(&i) {
-                        32
-                    } else {
-                        i64::from(b as i8)
-                    }
-                })
-                .sum();
+            let (unsigned, signed) = header_checksums(&h);
             if stored != unsigned && stored as i64 != signed {
                 return Err(bad(format!(
                     "header checksum {stored} does not match the header ({unsigned})"
