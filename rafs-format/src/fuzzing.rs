@@ -165,7 +165,7 @@ const MAX_LAYERS: usize = 4;
 /// `data` is compressed. Headers are found by walking sizes as a tar reader does,
 /// approximately (PAX `size` records are not applied).
 fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
-    use crate::builder::tar::BLOCK;
+    use crate::builder::tar::{parse_number, BLOCK};
     if data.starts_with(&[0x1f, 0x8b]) || data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
         return None;
     }
@@ -193,11 +193,11 @@ fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
             break;
         };
         let (sum, _) = crate::builder::tar::header_checksums(header);
-        if tar_number(&h[148..156]) != Some(sum) {
+        if parse_number(&h[148..156], "checksum").ok() != Some(sum) {
             h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
             changed = true;
         }
-        let size = tar_size(&h[124..136]);
+        let size = parse_number(&h[124..136], "size").unwrap_or(0);
         let Some(next) = usize::try_from(size.div_ceil(BLOCK as u64))
             .ok()
             .and_then(|b| b.checked_mul(BLOCK))
@@ -210,27 +210,6 @@ fn split_tar(data: &[u8]) -> Option<(Vec<u8>, Vec<std::ops::Range<usize>>)> {
     }
     layers.push(start..out.len());
     (changed || layers.len() > 1).then_some((out, layers))
-}
-
-/// A tar size field, octal or GNU base-256, leniently (0 if unreadable).
-fn tar_size(field: &[u8]) -> u64 {
-    if field[0] & 0x80 != 0 {
-        return field[1..].iter().fold(0u64, |n, &b| {
-            n.saturating_mul(256).saturating_add(u64::from(b))
-        });
-    }
-    tar_number(field).unwrap_or(0)
-}
-
-/// An octal tar number field (leading spaces, then digits up to a NUL or space).
-fn tar_number(field: &[u8]) -> Option<u64> {
-    let text: Vec<u8> = field
-        .iter()
-        .copied()
-        .skip_while(|&b| b == b' ')
-        .take_while(|&b| b != 0 && b != b' ')
-        .collect();
-    u64::from_str_radix(std::str::from_utf8(&text).ok()?, 8).ok()
 }
 
 /// `Err(None)`: the build failed (fine); `Err(Some(why))`: the build succeeded and the

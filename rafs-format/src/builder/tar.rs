@@ -47,7 +47,7 @@ fn bad(what: impl Into<String>) -> io::Error {
 }
 
 /// Parses a numeric header field: octal text (NUL/space terminated) or GNU base-256.
-fn parse_number(field: &[u8], name: &str) -> io::Result<u64> {
+pub(crate) fn parse_number(field: &[u8], name: &str) -> io::Result<u64> {
     if let Some(&first) = field.first() {
         if first & 0x80 != 0 {
             if first == 0xff {
