@@ -6,7 +6,7 @@
 CARGO ?= cargo
 # Debian packages the tests drive: the OCI tools that make reference images, GNU tar,
 # setfattr, FUSE and the registry for later issues.
-TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry
 
 .PHONY: test test-deps lint unit demo bench fuzz
 

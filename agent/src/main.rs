@@ -6,8 +6,6 @@
 //! `peer`, `mirror`, `api`).
 
 mod commands;
-#[allow(dead_code)] // Used by `tessera convert` and the agent, in the issues that follow.
-mod registry;
 
 use clap::{Parser, Subcommand};
 

@@ -4,6 +4,7 @@
 
 pub mod fstree;
 pub mod oci;
+pub mod registry;
 
 use std::path::Path;
 use std::process::{Command, Output};
