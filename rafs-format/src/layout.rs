@@ -24,6 +24,9 @@ pub const HOLE: u32 = u32::MAX;
 /// Longest path (from the root, without the leading `/`) an image may hold, as Linux's
 /// PATH_MAX; it also bounds the depth of the tree.
 pub const PATH_MAX: u32 = 4096;
+/// Longest xattr name and value, as Linux's XATTR_NAME_MAX and XATTR_SIZE_MAX.
+pub const XATTR_NAME_MAX: usize = 255;
+pub const XATTR_VALUE_MAX: usize = 65536;
 /// Longest file name (one path component) the format allows, as Linux's NAME_MAX.
 pub const NAME_MAX: usize = 255;
 

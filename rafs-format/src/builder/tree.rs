@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
+use crate::layout::{XATTR_NAME_MAX, XATTR_VALUE_MAX};
 use crate::reader::FileKind;
 
 /// Index of a node in [`Tree::nodes`].
@@ -38,13 +39,13 @@ impl Meta {
             ));
         }
         for (name, value) in &self.xattrs {
-            if name.is_empty() || name.len() > 255 || name.contains(&0) {
+            if name.is_empty() || name.len() > XATTR_NAME_MAX || name.contains(&0) {
                 return Err(format!(
                     "xattr name {:?} is not 1..=255 bytes without NUL",
                     String::from_utf8_lossy(name)
                 ));
             }
-            if value.len() > 65536 {
+            if value.len() > XATTR_VALUE_MAX {
                 return Err(format!(
                     "xattr {} value of {} bytes exceeds 64 KiB",
                     String::from_utf8_lossy(name),

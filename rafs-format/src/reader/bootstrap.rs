@@ -13,7 +13,7 @@ use zerocopy::{FromBytes, Immutable, KnownLayout};
 use crate::chunk::{Chunking, Compression, DigestAlgo, MAX_CHUNK_SIZE};
 use crate::layout::{
     mode, BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1,
-    XattrV1, HOLE, MAGIC, NAME_MAX, PATH_MAX, ROOT_INO, VERSION,
+    XattrV1, HOLE, MAGIC, NAME_MAX, PATH_MAX, ROOT_INO, VERSION, XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use crate::{Error, Result};
 
@@ -906,7 +906,7 @@ impl Bootstrap {
                 r.value_offset.get().into(),
                 r.value_len.get().into(),
             )?;
-            if name.is_empty() || name.len() > 255 || name.contains(&0) {
+            if name.is_empty() || name.len() > XATTR_NAME_MAX || name.contains(&0) {
                 return Err(Error::corrupt(
                     structure,
                     "name_len",
@@ -915,7 +915,7 @@ impl Bootstrap {
                     "an xattr name is 1..=255 bytes without NUL",
                 ));
             }
-            if value.len() > 65536 {
+            if value.len() > XATTR_VALUE_MAX {
                 return Err(Error::corrupt(
                     structure,
                     "value_len",
@@ -935,7 +935,7 @@ impl Bootstrap {
             return Ok(&[]);
         }
         self.string(
-            &format!("inode[{}]", inode.ino),
+            &Loc::new("inode", inode.ino.into()),
             "data_start",
             0,
             inode.data_start.into(),
@@ -1083,6 +1083,16 @@ impl Bootstrap {
         }
         for ino in 1..=n as u32 {
             let inode = self.inode(ino)?;
+            let xattrs = self.xattrs(&inode)?;
+            if xattrs.windows(2).any(|w| w[0].0 >= w[1].0) {
+                return Err(Error::corrupt(
+                    format!("inode[{ino}]"),
+                    "xattr_start",
+                    0,
+                    inode.xattr_start,
+                    "xattrs are not strictly sorted by name",
+                ));
+            }
             if inode.kind == FileKind::Directory {
                 if !seen_dir[ino as usize] {
                     return Err(Error::corrupt(
@@ -1105,21 +1115,7 @@ impl Bootstrap {
                 ));
             }
             self.file_chunks(&inode)?;
-            self.xattrs(&inode)?;
             self.symlink_target(&inode)?;
-        }
-        for ino in 1..=n as u32 {
-            let inode = self.inode(ino)?;
-            let xattrs = self.xattrs(&inode)?;
-            if xattrs.windows(2).any(|w| w[0].0 >= w[1].0) {
-                return Err(Error::corrupt(
-                    format!("inode[{ino}]"),
-                    "xattr_start",
-                    0,
-                    inode.xattr_start,
-                    "xattrs are not strictly sorted by name",
-                ));
-            }
         }
         for c in 0..self.chunk_count() {
             self.chunk(c)?;
