@@ -1,9 +1,14 @@
 //! The node agent's library: everything `tessera` does that other code (its binary, its
 //! integration tests, later the daemon) calls. Modules follow the data path; today:
 //!
-//! - [`registry`]: image references and the OCI distribution API client.
+//! - [`registry`]: image references, the OCI distribution API client, registry
+//!   credentials, and Tessera images as OCI artifacts (media types, remote blobs).
+//! - [`convert`]: `tessera convert`, from a registry image to a Tessera image.
 //!
-//! Errors: modules whose callers branch on the failure have their own typed error
-//! (`registry::client::RegistryError`); the binary wraps everything in `anyhow`.
+//! Errors: one [`Error`] enum for the crate; the binary wraps it in `anyhow`.
 
+pub mod convert;
+mod error;
 pub mod registry;
+
+pub use error::{Error, Result};

@@ -1,9 +1,9 @@
 //! `tessera`: the node agent and its command-line tools.
 //!
-//! Today the binary carries the image tools (`build`, `inspect`, `check`, `unpack`);
-//! the daemon (`tessera agent`), lazy mounts and the registry client arrive with later
-//! issues, each as a module along the data path (`fs` → `fetch` → `cache`, `registry`,
-//! `peer`, `mirror`, `api`).
+//! Today the binary carries the image tools (`build`, `inspect`, `check`, `unpack`,
+//! the last three also on registry images) and `convert`; the daemon (`tessera agent`)
+//! and lazy mounts arrive with later issues, each as a library module along the data
+//! path (`fs` → `fetch` → `cache`, `registry`, `peer`, `mirror`, `api`).
 
 mod commands;
 
@@ -31,6 +31,8 @@ enum Command {
     Check(commands::image::CheckArgs),
     /// Rebuild an image's tree in a directory or a tar file.
     Unpack(commands::image::UnpackArgs),
+    /// Convert a registry image into a Tessera image and push it to a registry.
+    Convert(Box<commands::convert::ConvertArgs>),
 }
 
 fn main() {
@@ -47,6 +49,7 @@ fn main() {
         Command::Inspect(args) => commands::image::inspect(args),
         Command::Check(args) => commands::image::check(args),
         Command::Unpack(args) => commands::image::unpack(args),
+        Command::Convert(args) => commands::convert::convert(*args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

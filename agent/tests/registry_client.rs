@@ -8,8 +8,9 @@ mod support;
 
 use support::oci;
 use support::registry::Registry;
-use tessera_agent::registry::client::{ClientOptions, RegistryClient, RegistryError};
+use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::reference::Reference;
+use tessera_agent::Error;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -67,10 +68,7 @@ fn reads_manifests_and_blobs_from_a_real_registry() {
         // Missing things say what and where.
         let nope = Reference::parse(&format!("{}/test/nope:v1", registry.addr)).unwrap();
         let e = client.manifest(&nope).await.unwrap_err();
-        assert!(
-            matches!(e, RegistryError::Status { status: 404, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, Error::Status { status: 404, .. }), "{e}");
         assert!(
             e.to_string().contains("test/nope") && e.to_string().contains("does not exist"),
             "{e}"
@@ -81,10 +79,7 @@ fn reads_manifests_and_blobs_from_a_real_registry() {
         let wrong = Reference::parse(&format!("{}/test/app@{}", registry.addr, digest)).unwrap();
         let e = client.manifest(&wrong).await.unwrap_err();
         assert!(
-            matches!(
-                e,
-                RegistryError::Status { .. } | RegistryError::Digest { .. }
-            ),
+            matches!(e, Error::Status { .. } | Error::Digest { .. }),
             "{e}"
         );
     });
@@ -170,7 +165,7 @@ fn lying_servers_are_caught_and_flaky_ones_retried() {
     )]);
     let r = Reference::parse(&format!("{addr}/a/b:t")).unwrap();
     let e = rt.block_on(client.manifest(&r)).unwrap_err();
-    assert!(matches!(e, RegistryError::Digest { .. }), "{e}");
+    assert!(matches!(e, Error::Digest { .. }), "{e}");
     server.join().unwrap();
 
     // A blob whose bytes do not hash to its digest.
@@ -180,7 +175,7 @@ fn lying_servers_are_caught_and_flaky_ones_retried() {
     let e = rt
         .block_on(client.blob(&r, &format!("sha256:{}", "2".repeat(64)), &mut sink))
         .unwrap_err();
-    assert!(matches!(e, RegistryError::Digest { .. }), "{e}");
+    assert!(matches!(e, Error::Digest { .. }), "{e}");
     server.join().unwrap();
 
     // 503 with Retry-After, then a server that ignores Range and sends the whole blob.

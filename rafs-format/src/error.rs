@@ -80,6 +80,16 @@ pub enum Error {
         cause: Box<Error>,
     },
 
+    /// A blob's bytes could not be read from where they are kept (a file, a registry).
+    #[error("blob {blob}: reading {len} bytes at offset {offset} from {source_name}: {reason}")]
+    Fetch {
+        blob: String,
+        offset: u64,
+        len: u64,
+        source_name: String,
+        reason: String,
+    },
+
     /// A blob file does not match the digest or size recorded for it.
     #[error("blob {blob}: {reason}")]
     BadBlob { blob: String, reason: String },

@@ -1,4 +1,5 @@
-//! The image tools: `build`, `inspect`, `check`, `unpack`.
+//! The image tools: `build`, and `inspect`, `check`, `unpack` of an image dir or of a
+//! Tessera image in a registry (`--ref`).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -9,9 +10,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use rafs_format::builder::{BuildOptions, BuildProgress, Builder};
+use rafs_format::builder::{BuildOptions, BuildProgress, Builder, ChunkDict};
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
 use rafs_format::image;
+use rafs_format::reader::{BlobSource, Bootstrap, LocalBlobs};
+use tessera_agent::registry::client::Credential;
+use tessera_agent::registry::image::{self as registry_image, RemoteBlobs};
+use tessera_agent::registry::reference::{Platform, Reference};
+
+use super::registry::{credential_arg, runtime, RegistryArgs};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ChunkingArg {
@@ -46,6 +53,19 @@ pub struct BuildArgs {
     /// Build from an OCI image layout, `DIR` or `DIR:TAG`.
     #[arg(long)]
     oci_layout: Option<String>,
+    #[command(flatten)]
+    format: FormatArgs,
+    /// Reference chunks already stored in this image dir instead of writing them again.
+    #[arg(long)]
+    chunk_dict: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How images are cut and stored: shared by `build` and `convert`.
+#[derive(Debug, Args)]
+pub struct FormatArgs {
     /// Fixed chunk size (power of two, 4K..16M) or CDC average size; accepts K/M suffixes.
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     chunk_size: u32,
@@ -64,20 +84,14 @@ pub struct BuildArgs {
     compression_level: Option<i32>,
     #[arg(long, value_enum, default_value = "sha256")]
     digest: DigestArg,
-    /// Reference chunks already stored in this image dir instead of writing them again.
-    #[arg(long)]
-    chunk_dict: Option<PathBuf>,
     /// File listing paths (one per line, `#` comments) to place first and fetch first.
     #[arg(long)]
     prefetch_list: Option<PathBuf>,
-    /// Print the summary as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Writes a command's output to stdout; a closed pipe (`tessera inspect | head`) ends
 /// the output quietly instead of failing.
-fn print_out(text: impl std::fmt::Display) -> Result<()> {
+pub fn print_out(text: impl std::fmt::Display) -> Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match write!(out, "{text}").and_then(|_| out.flush()) {
@@ -116,8 +130,9 @@ fn read_prefetch_list(path: &PathBuf) -> Result<Vec<String>> {
         .collect())
 }
 
-impl BuildArgs {
-    fn options(&self) -> Result<BuildOptions> {
+impl FormatArgs {
+    /// Build options without a chunk dictionary.
+    pub fn options(&self) -> Result<BuildOptions> {
         let chunking = match self.chunking {
             ChunkingArg::Fixed => Chunking::Fixed {
                 size: self.chunk_size,
@@ -149,7 +164,7 @@ impl BuildArgs {
                 DigestArg::Sha256 => DigestAlgo::Sha256,
                 DigestArg::Blake3 => DigestAlgo::Blake3,
             },
-            chunk_dict: self.chunk_dict.clone(),
+            chunk_dict: None,
             prefetch: match &self.prefetch_list {
                 Some(p) => read_prefetch_list(p)?,
                 None => Vec::new(),
@@ -169,15 +184,16 @@ fn split_layout_ref(s: &str) -> (PathBuf, Option<&str>) {
     }
 }
 
-/// Shows a build's progress on stderr until dropped: a line rewritten in place on a
-/// terminal, a line every 10 s otherwise (logs), nothing for builds that end quickly.
-struct ProgressDisplay {
+/// Shows progress on stderr until dropped: a line rewritten in place on a terminal, a
+/// line every 10 s otherwise (logs), nothing for work that ends within the first tick.
+pub struct ProgressDisplay {
     stop: std::sync::mpsc::Sender<()>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ProgressDisplay {
-    fn start(progress: Arc<BuildProgress>) -> Self {
+    /// Calls `line` with the seconds elapsed at every tick and shows what it returns.
+    pub fn start(mut line: impl FnMut(f64) -> String + Send + 'static) -> Self {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             let tty = std::io::stderr().is_terminal();
@@ -185,14 +201,7 @@ impl ProgressDisplay {
             let started = Instant::now();
             let mut shown = false;
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
-                let bytes = progress.bytes.load(Ordering::Relaxed);
-                let files = progress.files.load(Ordering::Relaxed);
-                let secs = started.elapsed().as_secs_f64();
-                let line = format!(
-                    "building: {files} files, {:.1} MiB read, {:.1} MB/s",
-                    bytes as f64 / f64::from(1 << 20),
-                    bytes as f64 / 1e6 / secs
-                );
+                let line = line(started.elapsed().as_secs_f64());
                 if tty {
                     eprint!("\r{line}\x1b[K");
                 } else {
@@ -209,6 +218,19 @@ impl ProgressDisplay {
             thread: Some(thread),
         }
     }
+
+    /// A build's progress: files and bytes read, and the rate.
+    pub fn build(progress: Arc<BuildProgress>) -> Self {
+        Self::start(move |secs| {
+            let bytes = progress.bytes.load(Ordering::Relaxed);
+            let files = progress.files.load(Ordering::Relaxed);
+            format!(
+                "building: {files} files, {:.1} MiB read, {:.1} MB/s",
+                bytes as f64 / f64::from(1 << 20),
+                bytes as f64 / 1e6 / secs
+            )
+        })
+    }
 }
 
 impl Drop for ProgressDisplay {
@@ -221,10 +243,14 @@ impl Drop for ProgressDisplay {
 }
 
 pub fn build(args: BuildArgs) -> Result<()> {
-    let mut opts = args.options()?;
+    let mut opts = args.format.options()?;
+    opts.chunk_dict = args.chunk_dict.clone().map(|image_dir| ChunkDict {
+        image_dir,
+        link_blobs: true,
+    });
     let progress = Arc::new(BuildProgress::default());
     opts.progress = Some(progress.clone());
-    let display = ProgressDisplay::start(progress);
+    let display = ProgressDisplay::build(progress);
     let mut builder = Builder::new(&args.out, opts)?;
     if let Some(dir) = &args.dir {
         builder
@@ -258,18 +284,87 @@ pub fn build(args: BuildArgs) -> Result<()> {
     }
 }
 
+/// Which image a read-only command works on: an image dir, or a Tessera image in a
+/// registry (its bootstrap fetched and verified, its blobs read by Range request).
+#[derive(Debug, Args)]
+pub struct ImageSource {
+    /// Image dir (holding `bootstrap` and `blobs/`).
+    #[arg(required_unless_present = "reference", conflicts_with = "reference")]
+    image: Option<PathBuf>,
+    /// A Tessera image in a registry (`host/repo:tag` or `@sha256:…`) instead.
+    #[arg(long = "ref", value_name = "REF")]
+    reference: Option<Reference>,
+    /// Platform to pick from a multi-platform image [default: this machine's].
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    platform: Option<Platform>,
+    /// Registry credentials, `USER:PASSWORD` (else the credentials file).
+    #[arg(long, env = "TESSERA_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    creds: Option<Credential>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+/// An image opened for reading, wherever it is.
+struct OpenImage {
+    bootstrap: Bootstrap,
+    blobs: Box<dyn BlobSource>,
+    name: String,
+    /// Keeps the runtime that remote reads block on, and the fetched bootstrap's dir.
+    _remote: Option<(tokio::runtime::Runtime, tempfile::TempDir)>,
+}
+
+impl ImageSource {
+    fn open(&self) -> Result<OpenImage> {
+        if let Some(dir) = &self.image {
+            let bootstrap = image::open_validated(dir)
+                .with_context(|| format!("open image {}", dir.display()))?;
+            return Ok(OpenImage {
+                bootstrap,
+                blobs: Box::new(LocalBlobs::new(dir)),
+                name: dir.display().to_string(),
+                _remote: None,
+            });
+        }
+        let Some(r) = &self.reference else {
+            bail!("pass an image dir or --ref REF");
+        };
+        let client = self.registry.client(&[r], self.creds.as_ref())?;
+        let rt = runtime()?;
+        let tmp = tempfile::tempdir().context("create a temporary directory")?;
+        let platform = self.platform.clone().unwrap_or_else(Platform::host);
+        let path = rt
+            .block_on(async {
+                let img = registry_image::resolve_platform(&client, r, &platform).await?;
+                registry_image::fetch_bootstrap(&client, &img, tmp.path()).await
+            })
+            .with_context(|| format!("fetch the bootstrap of {r}"))?;
+        let bootstrap = Bootstrap::open(&path).context("open the fetched bootstrap")?;
+        bootstrap
+            .validate_all()
+            .context("validate the fetched bootstrap")?;
+        let blobs = RemoteBlobs::new(client, r.clone(), rt.handle().clone());
+        Ok(OpenImage {
+            bootstrap,
+            blobs: Box::new(blobs),
+            name: r.to_string(),
+            _remote: Some((rt, tmp)),
+        })
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// Image dir (holding `bootstrap` and `blobs/`).
-    image: PathBuf,
+    #[command(flatten)]
+    source: ImageSource,
     /// Print JSON instead of a listing.
     #[arg(long)]
     json: bool,
 }
 
 pub fn inspect(args: InspectArgs) -> Result<()> {
-    let listing = image::inspect(&args.image)
-        .with_context(|| format!("inspect image {}", args.image.display()))?;
+    let img = args.source.open()?;
+    let listing = image::inspect_bootstrap(&img.bootstrap)
+        .with_context(|| format!("inspect image {}", img.name))?;
     if args.json {
         print_out(format_args!(
             "{}\n",
@@ -282,21 +377,22 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Image dir (holding `bootstrap` and `blobs/`).
-    image: PathBuf,
+    #[command(flatten)]
+    source: ImageSource,
     #[arg(long)]
     json: bool,
 }
 
 pub fn check(args: CheckArgs) -> Result<()> {
-    let report = image::check(&args.image)
-        .with_context(|| format!("image {} is corrupt", args.image.display()))?;
+    let img = args.source.open()?;
+    let report = image::check_image(&img.bootstrap, img.blobs.as_ref())
+        .with_context(|| format!("image {} is corrupt", img.name))?;
     if args.json {
         print_out(format_args!("{}\n", serde_json::to_string_pretty(&report)?))
     } else {
         print_out(format_args!(
             "image {} is sound: {} files, {} chunks ({} bytes) and {} blobs verified\n",
-            args.image.display(),
+            img.name,
             report.files,
             report.chunks_verified,
             report.bytes_verified,
@@ -307,8 +403,8 @@ pub fn check(args: CheckArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 pub struct UnpackArgs {
-    /// Image dir (holding `bootstrap` and `blobs/`).
-    image: PathBuf,
+    #[command(flatten)]
+    source: ImageSource,
     /// Directory to rebuild the tree in (created; must be empty).
     #[arg(long, required_unless_present = "tar", conflicts_with = "tar")]
     to: Option<PathBuf>,
@@ -318,15 +414,17 @@ pub struct UnpackArgs {
 }
 
 pub fn unpack(args: UnpackArgs) -> Result<()> {
-    let ctx = || format!("unpack image {}", args.image.display());
+    let img = args.source.open()?;
+    let (b, blobs) = (&img.bootstrap, img.blobs.as_ref());
+    let ctx = || format!("unpack image {}", img.name);
     let summary = match (&args.to, &args.tar) {
-        (Some(dir), _) => image::unpack_to_dir(&args.image, dir).with_context(ctx)?,
+        (Some(dir), _) => image::unpack_image_to_dir(b, blobs, dir).with_context(ctx)?,
         (None, Some(t)) if t.as_os_str() == "-" => {
-            image::unpack_to_tar(&args.image, std::io::stdout().lock()).with_context(ctx)?
+            image::unpack_image_to_tar(b, blobs, std::io::stdout().lock()).with_context(ctx)?
         }
         (None, Some(t)) => {
             let f = std::fs::File::create(t).with_context(|| format!("create {}", t.display()))?;
-            image::unpack_to_tar(&args.image, std::io::BufWriter::new(f)).with_context(ctx)?
+            image::unpack_image_to_tar(b, blobs, std::io::BufWriter::new(f)).with_context(ctx)?
         }
         (None, None) => bail!("pass --to DIR or --tar FILE"),
     };

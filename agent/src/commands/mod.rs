@@ -1,3 +1,5 @@
 //! One module per group of subcommands.
 
+pub mod convert;
 pub mod image;
+pub mod registry;

@@ -9,15 +9,23 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, RANGE, WWW_AUTHENTICATE};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use bytes::Bytes;
+use reqwest::header::{
+    HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE,
+    LOCATION, RANGE, WWW_AUTHENTICATE,
+};
 use reqwest::{Method, Response, StatusCode};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::reference::Reference;
+use crate::Error;
 
 /// Media types a manifest request accepts: OCI and Docker, single and multi-platform.
 pub const MANIFEST_MEDIA_TYPES: &str = "application/vnd.oci.image.manifest.v1+json, \
@@ -60,6 +68,8 @@ pub struct ClientOptions {
     pub timeout: Duration,
     /// Retries after a 5xx, a 429 or a connection error.
     pub retries: u32,
+    /// Blobs up to this size are uploaded in one request, larger ones in chunks of it.
+    pub chunk_size: u64,
 }
 
 impl Default for ClientOptions {
@@ -69,44 +79,9 @@ impl Default for ClientOptions {
             credentials: HashMap::new(),
             timeout: Duration::from_secs(60),
             retries: 4,
+            chunk_size: 16 << 20,
         }
     }
-}
-
-/// What went wrong talking to a registry; every variant names the registry and
-/// repository, none carries a credential.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error("{registry}/{repository}: {what}: HTTP {status}{hint}")]
-    Status {
-        registry: String,
-        repository: String,
-        what: String,
-        status: u16,
-        hint: &'static str,
-    },
-    #[error("{registry}/{repository}: {what}: {reason}")]
-    Transport {
-        registry: String,
-        repository: String,
-        what: String,
-        reason: String,
-    },
-    #[error("{registry}/{repository}: {what}: digest mismatch: expected {expected}, got {actual}")]
-    Digest {
-        registry: String,
-        repository: String,
-        what: String,
-        expected: String,
-        actual: String,
-    },
-    #[error("{registry}/{repository}: {what}: {reason}")]
-    Protocol {
-        registry: String,
-        repository: String,
-        what: String,
-        reason: String,
-    },
 }
 
 /// A manifest as the registry sent it, verified.
@@ -118,11 +93,20 @@ pub struct Manifest {
     pub bytes: Vec<u8>,
 }
 
-/// A bearer token and when to stop using it.
-#[derive(Debug, Clone)]
+/// An `Authorization` header value (`Bearer …` or `Basic …`) and when to stop using it.
+#[derive(Clone)]
 struct Token {
     value: String,
     expires: Instant,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("value", &"<redacted>")
+            .field("expires", &self.expires)
+            .finish()
+    }
 }
 
 /// A distribution API client shared by every pull on the node.
@@ -130,7 +114,8 @@ struct Token {
 pub struct RegistryClient {
     http: reqwest::Client,
     opts: ClientOptions,
-    /// Bearer tokens by (registry, scope).
+    /// `Authorization` values by (registry, scope), so requests after the first do not
+    /// each start with a 401.
     tokens: Mutex<HashMap<(String, String), Token>>,
 }
 
@@ -207,10 +192,10 @@ impl RegistryClient {
         format!("{scheme}://{}/v2/{}/{tail}", r.api_host(), r.repository)
     }
 
-    fn error(&self, r: &Reference, what: &str) -> impl Fn(String) -> RegistryError {
+    fn error(&self, r: &Reference, what: &str) -> impl Fn(String) -> Error {
         let (registry, repository, what) =
             (r.registry.clone(), r.repository.clone(), what.to_string());
-        move |reason| RegistryError::Transport {
+        move |reason| Error::Transport {
             registry: registry.clone(),
             repository: repository.clone(),
             what: what.clone(),
@@ -218,7 +203,7 @@ impl RegistryClient {
         }
     }
 
-    fn status_error(r: &Reference, what: &str, status: StatusCode) -> RegistryError {
+    fn status_error(r: &Reference, what: &str, status: StatusCode) -> Error {
         let hint = match status.as_u16() {
             401 | 403 => {
                 " (check the credentials for this registry, e.g. in ~/.docker/config.json)"
@@ -228,7 +213,7 @@ impl RegistryClient {
             500..=599 => " (registry error; retries exhausted)",
             _ => "",
         };
-        RegistryError::Status {
+        Error::Status {
             registry: r.registry.clone(),
             repository: r.repository.clone(),
             what: what.to_string(),
@@ -237,12 +222,26 @@ impl RegistryClient {
         }
     }
 
-    fn cached_token(&self, registry: &str, scope: &str) -> Option<String> {
+    /// The `Authorization` value last obtained for this registry and scope, unless expired.
+    fn cached_auth(&self, registry: &str, scope: &str) -> Option<String> {
         let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         tokens
             .get(&(registry.to_string(), scope.to_string()))
             .filter(|t| t.expires > Instant::now())
             .map(|t| t.value.clone())
+    }
+
+    fn remember(&self, registry: &str, scope: &str, value: &str, life: Duration) {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (registry.to_string(), scope.to_string()),
+                Token {
+                    value: value.to_string(),
+                    expires: Instant::now() + life,
+                },
+            );
     }
 
     /// Answers a challenge: a bearer token from the realm, or basic credentials.
@@ -251,14 +250,17 @@ impl RegistryClient {
         r: &Reference,
         challenge: &Challenge,
         scope: &str,
-    ) -> Result<String, RegistryError> {
+    ) -> Result<String, Error> {
         let cred = self.opts.credentials.get(&r.registry);
         let err = self.error(r, "authenticate");
         if challenge.scheme == "basic" {
             return match cred {
                 Some(Credential::Basic { username, password }) => {
-                    use base64_encode as b64;
-                    Ok(format!("Basic {}", b64(&format!("{username}:{password}"))))
+                    let value =
+                        format!("Basic {}", BASE64.encode(format!("{username}:{password}")));
+                    // Basic credentials do not expire; the hour only bounds the cache.
+                    self.remember(&r.registry, scope, &value, Duration::from_secs(3600));
+                    Ok(value)
                 }
                 _ => Err(err(
                     "the registry asks for basic credentials and none are configured".into(),
@@ -270,7 +272,8 @@ impl RegistryClient {
             .get("realm")
             .ok_or_else(|| err("bearer challenge without a realm".into()))?;
         let mut req = self.http.get(realm);
-        let mut query: Vec<(&str, &str)> = vec![("scope", scope)];
+        // One `scope` parameter per scope, as docker sends them.
+        let mut query: Vec<(&str, &str)> = scope.split(' ').map(|s| ("scope", s)).collect();
         if let Some(service) = challenge.params.get("service") {
             query.push(("service", service));
         }
@@ -317,58 +320,34 @@ impl RegistryClient {
             .ok_or_else(|| err("token response has no token".into()))?;
         // Spec default is 60 s; renew 10 s early so a request never carries a stale one.
         let life = Duration::from_secs(body.expires_in.unwrap_or(60).max(20) - 10);
-        self.tokens
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                (r.registry.clone(), scope.to_string()),
-                Token {
-                    value: value.clone(),
-                    expires: Instant::now() + life,
-                },
-            );
-        Ok(format!("Bearer {value}"))
+        let value = format!("Bearer {value}");
+        self.remember(&r.registry, scope, &value, life);
+        Ok(value)
     }
 
     /// Sends a request with authentication and retries; returns the final response
     /// whatever its status (callers judge it).
-    async fn send(
-        &self,
-        r: &Reference,
-        method: Method,
-        url: &str,
-        headers: HeaderMap,
-        what: &str,
-    ) -> Result<Response, RegistryError> {
-        let scope = format!("repository:{}:pull", r.repository);
-        let err = self.error(r, what);
-        let mut auth: Option<String> = self
-            .cached_token(&r.registry, &scope)
-            .map(|t| format!("Bearer {t}"));
+    async fn send(&self, r: &Reference, req: Request<'_>) -> Result<Response, Error> {
+        let err = self.error(r, req.what);
+        let mut auth: Option<String> = self.cached_auth(&r.registry, &req.scope);
         let mut authenticated_once = false;
         let mut attempt = 0u32;
         loop {
-            let mut req = self
+            let mut builder = self
                 .http
-                .request(method.clone(), url)
-                .headers(headers.clone());
+                .request(req.method.clone(), req.url.as_str())
+                .headers(req.headers.clone());
+            if let Some(body) = &req.body {
+                // `Bytes` clones share the buffer, so a retry resends without copying.
+                builder = builder.body(body.clone());
+            }
             if let Some(a) = &auth {
                 let mut v = HeaderValue::from_str(a)
                     .map_err(|_| err("credential is not a valid header value".into()))?;
                 v.set_sensitive(true);
-                req = req.header(AUTHORIZATION, v);
+                builder = builder.header(AUTHORIZATION, v);
             }
-            let backoff = |attempt: u32, retry_after: Option<Duration>| {
-                let base = Duration::from_millis(100 * (1 << attempt.min(6)));
-                // Jitter from the clock's nanoseconds: enough to spread a swarm's retries.
-                let jitter = Duration::from_nanos(u64::from(
-                    Instant::now().elapsed().subsec_nanos() % 100_000_000,
-                ));
-                retry_after
-                    .unwrap_or(base + jitter)
-                    .min(Duration::from_secs(30))
-            };
-            match req.send().await {
+            match builder.send().await {
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authenticated_once => {
                     let challenge = resp
                         .headers()
@@ -382,8 +361,8 @@ impl RegistryClient {
                     self.tokens
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&(r.registry.clone(), scope.clone()));
-                    auth = Some(self.authenticate(r, &challenge, &scope).await?);
+                        .remove(&(r.registry.clone(), req.scope.clone()));
+                    auth = Some(self.authenticate(r, &challenge, &req.scope).await?);
                     authenticated_once = true;
                 }
                 Ok(resp)
@@ -397,14 +376,16 @@ impl RegistryClient {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|s| s.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
+                    tracing::debug!(status = %resp.status(), attempt, what = req.what, "retrying");
                     tokio::time::sleep(backoff(attempt, retry_after)).await;
                     attempt += 1;
                 }
                 Ok(resp) => return Ok(resp),
                 Err(e)
-                    if (e.is_connect() || e.is_timeout() || e.is_request())
+                    if (e.is_connect() || e.is_timeout() || e.is_request() || e.is_body())
                         && attempt < self.opts.retries =>
                 {
+                    tracing::debug!(error = %e.without_url(), attempt, what = req.what, "retrying");
                     tokio::time::sleep(backoff(attempt, None)).await;
                     attempt += 1;
                 }
@@ -415,12 +396,17 @@ impl RegistryClient {
 
     /// Fetches the manifest (or index) a reference names, checking it against the
     /// reference's digest when pinned and against the registry's `Docker-Content-Digest`.
-    pub async fn manifest(&self, r: &Reference) -> Result<Manifest, RegistryError> {
+    pub async fn manifest(&self, r: &Reference) -> Result<Manifest, Error> {
         let what = format!("manifest {}", r.object());
         let mut headers = HeaderMap::new();
         headers.insert(ACCEPT, HeaderValue::from_static(MANIFEST_MEDIA_TYPES));
         let url = self.url(r, &format!("manifests/{}", r.object()));
-        let resp = self.send(r, Method::GET, &url, headers, &what).await?;
+        let resp = self
+            .send(
+                r,
+                Request::pull(r, Method::GET, url, &what).headers(headers),
+            )
+            .await?;
         if !resp.status().is_success() {
             return Err(Self::status_error(r, &what, resp.status()));
         }
@@ -431,7 +417,7 @@ impl RegistryClient {
             .map(String::from);
         let media_type = resp
             .headers()
-            .get(reqwest::header::CONTENT_TYPE)
+            .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .split(';')
@@ -449,7 +435,7 @@ impl RegistryClient {
             .or(header_digest.filter(|d| d.starts_with("sha256:")));
         if let Some(expected) = expected {
             if expected != digest {
-                return Err(RegistryError::Digest {
+                return Err(Error::Digest {
                     registry: r.registry.clone(),
                     repository: r.repository.clone(),
                     what,
@@ -465,40 +451,66 @@ impl RegistryClient {
         })
     }
 
-    /// Streams a whole blob into `out`, verifying its sha256; returns its size. On a
-    /// mismatch the caller must discard what was written.
+    /// Streams a whole blob into `out`, verifying its sha256; returns its size. A body
+    /// cut off mid-way (a reset, a proxy timeout) is resumed with a Range request from
+    /// where it stopped. On a mismatch the caller must discard what was written.
     pub async fn blob(
         &self,
         r: &Reference,
         digest: &str,
         out: &mut (impl AsyncWrite + Unpin),
-    ) -> Result<u64, RegistryError> {
+    ) -> Result<u64, Error> {
         let what = format!("blob {digest}");
-        let url = self.url(r, &format!("blobs/{digest}"));
-        let mut resp = self
-            .send(r, Method::GET, &url, HeaderMap::new(), &what)
-            .await?;
-        if !resp.status().is_success() {
-            return Err(Self::status_error(r, &what, resp.status()));
-        }
         let err = self.error(r, &what);
         let mut hasher = Sha256::new();
         let mut len = 0u64;
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| err(format!("read body: {}", e.without_url())))?
-        {
-            hasher.update(&chunk);
-            len += chunk.len() as u64;
-            out.write_all(&chunk)
-                .await
-                .map_err(|e| err(format!("write: {e}")))?;
+        let mut resumes = 0u32;
+        'request: loop {
+            let mut headers = HeaderMap::new();
+            if len > 0 {
+                let range = HeaderValue::from_str(&format!("bytes={len}-"))
+                    .map_err(|_| err("bad range".into()))?;
+                headers.insert(RANGE, range);
+            }
+            let url = self.url(r, &format!("blobs/{digest}"));
+            let mut resp = self
+                .send(
+                    r,
+                    Request::pull(r, Method::GET, url, &what).headers(headers),
+                )
+                .await?;
+            // Bytes of this response to skip: all we have when a resume got a whole body.
+            let mut skip = match resp.status() {
+                StatusCode::PARTIAL_CONTENT if len > 0 => 0,
+                s if s.is_success() => len,
+                s => return Err(Self::status_error(r, &what, s)),
+            };
+            loop {
+                let chunk = match resp.chunk().await {
+                    Ok(Some(chunk)) => chunk,
+                    Ok(None) => break 'request,
+                    Err(e) if resumes < self.opts.retries => {
+                        tracing::debug!(error = %e.without_url(), at = len, what, "body cut off; resuming");
+                        resumes += 1;
+                        tokio::time::sleep(backoff(resumes, None)).await;
+                        continue 'request;
+                    }
+                    Err(e) => return Err(err(format!("read body: {}", e.without_url()))),
+                };
+                let drop = skip.min(chunk.len() as u64) as usize;
+                skip -= drop as u64;
+                let chunk = &chunk[drop..];
+                hasher.update(chunk);
+                len += chunk.len() as u64;
+                out.write_all(chunk)
+                    .await
+                    .map_err(|e| err(format!("write: {e}")))?;
+            }
         }
         out.flush().await.map_err(|e| err(format!("write: {e}")))?;
         let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != digest {
-            return Err(RegistryError::Digest {
+            return Err(Error::Digest {
                 registry: r.registry.clone(),
                 repository: r.repository.clone(),
                 what,
@@ -510,19 +522,42 @@ impl RegistryClient {
     }
 
     /// Reads bytes `range` of a blob with an HTTP Range request. A server that ignores
-    /// Range and sends the whole blob (200) is handled by skipping to the range. The
-    /// caller verifies the bytes (they are chunks with digests in the bootstrap).
+    /// Range and sends the whole blob (200) is handled by skipping to the range; a body
+    /// cut off is asked for again. The caller verifies the bytes (they are chunks with
+    /// digests in the bootstrap).
     pub async fn blob_range(
         &self,
         r: &Reference,
         digest: &str,
         range: Range<u64>,
-    ) -> Result<Vec<u8>, RegistryError> {
+    ) -> Result<Vec<u8>, Error> {
         let what = format!("blob {digest} bytes {}..{}", range.start, range.end);
-        let proto = |reason: String| RegistryError::Protocol {
+        let mut attempt = 0;
+        loop {
+            match self.blob_range_once(r, digest, range.clone(), &what).await {
+                Err(Error::Transport { reason, .. })
+                    if reason.starts_with(BODY_CUT) && attempt < self.opts.retries =>
+                {
+                    tracing::debug!(reason, what, "body cut off; asking again");
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt, None)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn blob_range_once(
+        &self,
+        r: &Reference,
+        digest: &str,
+        range: Range<u64>,
+        what: &str,
+    ) -> Result<Vec<u8>, Error> {
+        let proto = |reason: String| Error::Protocol {
             registry: r.registry.clone(),
             repository: r.repository.clone(),
-            what: what.clone(),
+            what: what.to_string(),
             reason,
         };
         if range.is_empty() {
@@ -537,16 +572,15 @@ impl RegistryClient {
             HeaderValue::from_str(&value).map_err(|_| proto("bad range".into()))?,
         );
         let url = self.url(r, &format!("blobs/{digest}"));
-        let mut resp = self.send(r, Method::GET, &url, headers, &what).await?;
-        let err = self.error(r, &what);
+        let mut resp = self
+            .send(r, Request::pull(r, Method::GET, url, what).headers(headers))
+            .await?;
+        let err = self.error(r, what);
+        let body_err = |e: reqwest::Error| err(format!("{BODY_CUT}: {}", e.without_url()));
         let mut out = Vec::with_capacity(want);
         match resp.status() {
             StatusCode::PARTIAL_CONTENT => {
-                while let Some(chunk) = resp
-                    .chunk()
-                    .await
-                    .map_err(|e| err(format!("read body: {}", e.without_url())))?
-                {
+                while let Some(chunk) = resp.chunk().await.map_err(body_err)? {
                     if out.len() + chunk.len() > want {
                         return Err(proto(format!(
                             "server sent more than the {want} bytes asked for"
@@ -558,11 +592,7 @@ impl RegistryClient {
             StatusCode::OK => {
                 // Whole body: skip to the range, keep `want` bytes, stop reading.
                 let mut pos = 0u64;
-                while let Some(chunk) = resp
-                    .chunk()
-                    .await
-                    .map_err(|e| err(format!("read body: {}", e.without_url())))?
-                {
+                while let Some(chunk) = resp.chunk().await.map_err(body_err)? {
                     let (start, end) = (pos, pos + chunk.len() as u64);
                     pos = end;
                     if end <= range.start {
@@ -576,7 +606,7 @@ impl RegistryClient {
                     }
                 }
             }
-            s => return Err(Self::status_error(r, &what, s)),
+            s => return Err(Self::status_error(r, what, s)),
         }
         if out.len() != want {
             return Err(proto(format!("got {} bytes, asked for {want}", out.len())));
@@ -585,26 +615,323 @@ impl RegistryClient {
     }
 
     /// The size of a blob, or `None` if the registry does not have it.
-    pub async fn blob_size(
+    pub async fn blob_size(&self, r: &Reference, digest: &str) -> Result<Option<u64>, Error> {
+        self.head_blob(r, digest, Request::pull_scope(r)).await
+    }
+
+    async fn head_blob(
         &self,
         r: &Reference,
         digest: &str,
-    ) -> Result<Option<u64>, RegistryError> {
+        scope: String,
+    ) -> Result<Option<u64>, Error> {
         let what = format!("blob {digest} (HEAD)");
         let url = self.url(r, &format!("blobs/{digest}"));
-        let resp = self
-            .send(r, Method::HEAD, &url, HeaderMap::new(), &what)
-            .await?;
+        let req = Request::pull(r, Method::HEAD, url, &what).scope(scope);
+        let resp = self.send(r, req).await?;
         match resp.status() {
             StatusCode::NOT_FOUND => Ok(None),
             // The header, not `content_length()`: a HEAD response's body is empty.
             s if s.is_success() => Ok(resp
                 .headers()
-                .get(reqwest::header::CONTENT_LENGTH)
+                .get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())),
             s => Err(Self::status_error(r, &what, s)),
         }
+    }
+
+    /// Makes blob `digest` of repository `from` (same registry) part of `r`'s
+    /// repository without sending its bytes: `true` if `r` has it afterwards. A
+    /// registry that cannot mount opens an upload session instead; it is cancelled.
+    pub async fn mount_blob(&self, r: &Reference, digest: &str, from: &str) -> Result<bool, Error> {
+        let scope = Request::push_scope(r, Some(from));
+        if self.head_blob(r, digest, scope.clone()).await?.is_some() {
+            return Ok(true);
+        }
+        let what = format!("mount blob {digest} from {from}");
+        let no_progress = |_| {};
+        match self
+            .upload(r, digest, 0, None, Some(from), &scope, &what, &no_progress)
+            .await?
+        {
+            PushOutcome::Mounted | PushOutcome::Existed => Ok(true),
+            PushOutcome::Uploaded { .. } => Ok(false),
+        }
+    }
+
+    /// Pushes the blob in file `path` (`digest`, `size` bytes) to `r`'s repository:
+    /// nothing if the repository already has it, a cross-repository mount from
+    /// `mount_from` (a repository on the same registry) if that one has it, else an
+    /// upload — in one request up to `ClientOptions::chunk_size`, in chunks above. A
+    /// failed upload starts over (a registry may keep a half-received chunk), so a
+    /// flaky connection costs time, never a corrupt blob: the registry checks the
+    /// digest before it commits.
+    pub async fn push_blob(
+        &self,
+        r: &Reference,
+        digest: &str,
+        size: u64,
+        path: &Path,
+        mount_from: Option<&str>,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<PushOutcome, Error> {
+        let scope = Request::push_scope(r, mount_from);
+        if self.head_blob(r, digest, scope.clone()).await?.is_some() {
+            return Ok(PushOutcome::Existed);
+        }
+        let path = Some(path);
+        let what = format!("push blob {digest}");
+        let mut attempt = 0;
+        loop {
+            match self
+                .upload(r, digest, size, path, mount_from, &scope, &what, progress)
+                .await
+            {
+                Err(e) if attempt < self.opts.retries && upload_retriable(&e) => {
+                    tracing::debug!(error = %e, attempt, "upload failed; starting over");
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt, None)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn upload(
+        &self,
+        r: &Reference,
+        digest: &str,
+        size: u64,
+        path: Option<&Path>,
+        mount_from: Option<&str>,
+        scope: &str,
+        what: &str,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<PushOutcome, Error> {
+        let err = self.error(r, what);
+        let mut start = reqwest::Url::parse(&self.url(r, "blobs/uploads/"))
+            .map_err(|e| err(format!("bad URL: {e}")))?;
+        if let Some(from) = mount_from.filter(|from| *from != r.repository) {
+            start
+                .query_pairs_mut()
+                .append_pair("mount", digest)
+                .append_pair("from", from);
+        }
+        let req = Request::pull(r, Method::POST, start.to_string(), what)
+            .scope(scope.to_string())
+            .body(Bytes::new());
+        let resp = self.send(r, req).await?;
+        let mut location = match resp.status() {
+            StatusCode::CREATED if mount_from.is_some() => return Ok(PushOutcome::Mounted),
+            StatusCode::ACCEPTED => self.location(r, &resp, what)?,
+            s => return Err(Self::status_error(r, what, s)),
+        };
+        let Some(path) = path else {
+            // Only a mount was asked for: give the session back (best effort; the
+            // registry expires it anyway) and say nothing was sent.
+            let req = Request::pull(r, Method::DELETE, location.to_string(), what)
+                .scope(scope.to_string());
+            let _ = self.send(r, req).await;
+            return Ok(PushOutcome::Uploaded { bytes: 0 });
+        };
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| err(format!("open {}: {e}", path.display())))?;
+        let read_err = |e: std::io::Error| err(format!("read {}: {e}", path.display()));
+        let mut sent = 0u64;
+        let final_body = if size <= self.opts.chunk_size {
+            // Monolithic: the whole blob in the closing PUT.
+            let mut data = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut data).await.map_err(read_err)?;
+            Bytes::from(data)
+        } else {
+            while sent < size {
+                let n = self.opts.chunk_size.min(size - sent);
+                let mut data = vec![0u8; n as usize];
+                file.read_exact(&mut data).await.map_err(read_err)?;
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                let range = format!("{sent}-{}", sent + n - 1);
+                headers.insert(
+                    CONTENT_RANGE,
+                    HeaderValue::from_str(&range).map_err(|_| err("bad range".into()))?,
+                );
+                let req = Request::pull(r, Method::PATCH, location.to_string(), what)
+                    .scope(scope.to_string())
+                    .headers(headers)
+                    .body(Bytes::from(data));
+                let resp = self.send(r, req).await?;
+                if resp.status() != StatusCode::ACCEPTED {
+                    return Err(Self::status_error(r, what, resp.status()));
+                }
+                location = self.location(r, &resp, what)?;
+                sent += n;
+                progress(n);
+            }
+            Bytes::new()
+        };
+        let final_len = final_body.len() as u64;
+        location.query_pairs_mut().append_pair("digest", digest);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        let req = Request::pull(r, Method::PUT, location.to_string(), what)
+            .scope(scope.to_string())
+            .headers(headers)
+            .body(final_body);
+        let resp = self.send(r, req).await?;
+        if resp.status() != StatusCode::CREATED {
+            return Err(Self::status_error(r, what, resp.status()));
+        }
+        progress(final_len);
+        Ok(PushOutcome::Uploaded { bytes: size })
+    }
+
+    /// The upload URL a registry answered with (`Location` may be relative).
+    fn location(&self, r: &Reference, resp: &Response, what: &str) -> Result<reqwest::Url, Error> {
+        let proto = |reason: &str| Error::Protocol {
+            registry: r.registry.clone(),
+            repository: r.repository.clone(),
+            what: what.to_string(),
+            reason: reason.to_string(),
+        };
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| proto("upload response without a Location header"))?;
+        resp.url()
+            .join(location)
+            .map_err(|_| proto("upload response with an unusable Location header"))
+    }
+
+    /// Pushes a manifest (or index) under `r`'s tag, or its digest if untagged; returns
+    /// its digest. Callers push a manifest only after every blob it names.
+    pub async fn push_manifest(
+        &self,
+        r: &Reference,
+        media_type: &str,
+        bytes: Vec<u8>,
+    ) -> Result<String, Error> {
+        let digest = sha256_hex(&bytes);
+        let object = r.tag.clone().unwrap_or_else(|| digest.clone());
+        let what = format!("push manifest {object}");
+        let err = self.error(r, &what);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_str(media_type).map_err(|_| err("bad media type".into()))?,
+        );
+        let url = self.url(r, &format!("manifests/{object}"));
+        let req = Request::pull(r, Method::PUT, url, &what)
+            .scope(Request::push_scope(r, None))
+            .headers(headers)
+            .body(Bytes::from(bytes));
+        let resp = self.send(r, req).await?;
+        if resp.status() != StatusCode::CREATED {
+            return Err(Self::status_error(r, &what, resp.status()));
+        }
+        Ok(digest)
+    }
+}
+
+/// How a blob push went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// The repository already had it.
+    Existed,
+    /// Linked from another repository of the registry; no bytes sent.
+    Mounted,
+    Uploaded {
+        bytes: u64,
+    },
+}
+
+/// Whether starting an upload over may help: connection trouble and server errors,
+/// and the registry having lost or refused the upload session (404, 416).
+fn upload_retriable(e: &Error) -> bool {
+    match e {
+        Error::Transport { .. } => true,
+        Error::Status { status, .. } => matches!(status, 404 | 416 | 429 | 500..=599),
+        _ => false,
+    }
+}
+
+/// Marks a transport error as a body cut off mid-way, which a new request can repair.
+const BODY_CUT: &str = "body cut off";
+
+/// Delay before retry `attempt`: exponential from 100 ms with jitter, or what the
+/// server asked for, at most 30 s.
+fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let base = Duration::from_millis(100 * (1 << attempt.min(6)));
+    // Jitter from the clock's nanoseconds: enough to spread a swarm's retries.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let jitter = Duration::from_nanos(u64::from(nanos % 100_000_000));
+    retry_after
+        .unwrap_or(base + jitter)
+        .min(Duration::from_secs(30))
+}
+
+/// One request as `send` makes it, with what it is for (errors name it) and the
+/// token scope it needs.
+#[derive(Debug)]
+struct Request<'a> {
+    method: Method,
+    url: String,
+    headers: HeaderMap,
+    body: Option<Bytes>,
+    what: &'a str,
+    /// Space-separated token scopes (`repository:NAME:ACTIONS`).
+    scope: String,
+}
+
+impl<'a> Request<'a> {
+    fn pull(r: &Reference, method: Method, url: String, what: &'a str) -> Self {
+        Request {
+            method,
+            url,
+            headers: HeaderMap::new(),
+            body: None,
+            what,
+            scope: Self::pull_scope(r),
+        }
+    }
+
+    fn pull_scope(r: &Reference) -> String {
+        format!("repository:{}:pull", r.repository)
+    }
+
+    /// Push access to `r`, plus pull access to the repository a blob is mounted from.
+    fn push_scope(r: &Reference, mount_from: Option<&str>) -> String {
+        let mut scope = format!("repository:{}:pull,push", r.repository);
+        if let Some(from) = mount_from.filter(|from| *from != r.repository) {
+            scope.push_str(&format!(" repository:{from}:pull"));
+        }
+        scope
+    }
+
+    fn headers(mut self, headers: HeaderMap) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    fn body(mut self, body: Bytes) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    fn scope(mut self, scope: String) -> Self {
+        self.scope = scope;
+        self
     }
 }
 
@@ -624,29 +951,6 @@ async fn read_bounded(mut resp: Response, max: usize) -> Result<Vec<u8>, String>
     Ok(out)
 }
 
-/// Standard base64 (for basic credentials), kept here to avoid a dependency for 15 lines.
-fn base64_encode(s: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let bytes = s.as_bytes();
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for group in bytes.chunks(3) {
-        let b = [
-            group[0],
-            *group.get(1).unwrap_or(&0),
-            *group.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= group.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,20 +967,6 @@ mod tests {
         let c = parse_challenge("Bearer realm=https://x/token, service=x").unwrap();
         assert_eq!(c.params["service"], "x");
         assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
-    }
-
-    #[test]
-    fn base64_matches_rfc4648() {
-        for (plain, encoded) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("user:pass", "dXNlcjpwYXNz"),
-        ] {
-            assert_eq!(base64_encode(plain), encoded);
-        }
     }
 
     #[test]

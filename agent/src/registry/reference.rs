@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use crate::Error;
+
 /// Docker Hub's name in references.
 pub const DOCKER_HUB: &str = "docker.io";
 /// Where Docker Hub's distribution API is actually served.
@@ -22,14 +24,6 @@ pub struct Reference {
     pub tag: Option<String>,
     /// `algorithm:hex`; when present it pins the image whatever the tag says.
     pub digest: Option<String>,
-}
-
-/// Why a reference does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid image reference {input:?}: {reason}")]
-pub struct ReferenceError {
-    pub input: String,
-    pub reason: String,
 }
 
 fn valid_component(c: &str) -> bool {
@@ -110,8 +104,8 @@ fn valid_digest(d: &str) -> bool {
 
 impl Reference {
     /// Parses and normalises a reference (`alpine` → `docker.io/library/alpine:latest`).
-    pub fn parse(input: &str) -> Result<Self, ReferenceError> {
-        let err = |reason: &str| ReferenceError {
+    pub fn parse(input: &str) -> Result<Self, Error> {
+        let err = |reason: &str| Error::Reference {
             input: input.to_string(),
             reason: reason.to_string(),
         };
@@ -211,7 +205,7 @@ impl fmt::Display for Reference {
 }
 
 impl std::str::FromStr for Reference {
-    type Err = ReferenceError;
+    type Err = Error;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Reference::parse(s)
     }
@@ -346,7 +340,10 @@ mod tests {
             "host:port/app",
         ] {
             let e = Reference::parse(bad).unwrap_err();
-            assert!(!e.reason.is_empty(), "{bad}");
+            assert!(
+                matches!(&e, Error::Reference { reason, .. } if !reason.is_empty()),
+                "{bad}"
+            );
             assert!(e.to_string().contains(&format!("{bad:?}")));
         }
         assert!(Reference::parse(&"a".repeat(256)).is_err());

@@ -269,6 +269,112 @@ pub fn build_layered_image(work: &Path) -> LayeredImage {
     }
 }
 
+/// A one-layer image written straight into an OCI layout by [`build_blob_image`].
+#[derive(Debug, Clone)]
+pub struct BlobImage {
+    /// The OCI image layout.
+    pub layout: PathBuf,
+    /// Tag of the image in `layout`.
+    pub tag: String,
+    /// `sha256:…` of the layer blob.
+    pub layer_digest: String,
+    /// The layer blob (gzip) as pushed and served.
+    pub layer: Vec<u8>,
+}
+
+/// Writes a one-layer image to `work/layout` for tests about moving bytes rather than
+/// about their content: the layer is a gzip tar of one file of `payload_bytes`
+/// pseudo-random bytes, so the blob is about that size and no codec shrinks it. Made
+/// with GNU `tar` and `gzip`, no umoci: it takes milliseconds. `work` must exist.
+pub fn build_blob_image(work: &Path, payload_bytes: usize) -> BlobImage {
+    for tool in ["tar", "gzip"] {
+        require_tool(tool);
+    }
+    let src = work.join("blob-image-src");
+    fs::create_dir_all(&src).expect("create payload dir");
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ payload_bytes as u64;
+    let payload: Vec<u8> = (0..payload_bytes.div_ceil(8))
+        .flat_map(|_| {
+            // xorshift64: fast, and random enough that gzip cannot compress it.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .take(payload_bytes)
+        .collect();
+    fs::write(src.join("payload.bin"), &payload).expect("write payload");
+    let tar_path = work.join("layer.tar");
+    run(Command::new("tar")
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&src)
+        .arg("-cf")
+        .arg(&tar_path)
+        .arg("payload.bin"));
+    let diff_id = sha256(&fs::read(&tar_path).expect("read layer tar"));
+    run(Command::new("gzip").args(["-n", "-f"]).arg(&tar_path));
+    let layer = fs::read(work.join("layer.tar.gz")).expect("read layer");
+
+    let layout = work.join("layout");
+    let blobs = layout.join("blobs/sha256");
+    fs::create_dir_all(&blobs).expect("create blobs dir");
+    let put = |bytes: &[u8]| {
+        let digest = sha256(bytes);
+        fs::write(blobs.join(&digest[7..]), bytes).expect("write blob");
+        digest
+    };
+    let layer_digest = put(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    })
+    .to_string();
+    let config_digest = put(config.as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": config_digest,
+            "size": config.len(),
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": layer_digest,
+            "size": layer.len(),
+        }],
+    })
+    .to_string();
+    let manifest_digest = put(manifest.as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": TAG},
+        }],
+    });
+    fs::write(layout.join("index.json"), index.to_string()).expect("write index.json");
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .expect("write oci-layout");
+    BlobImage {
+        layout,
+        tag: TAG.to_owned(),
+        layer_digest,
+        layer,
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
 fn image_ref(layout: &Path, tag: &str) -> String {
     format!("{}:{tag}", layout.display())
 }
@@ -409,4 +515,98 @@ fn setxattr(path: &Path, name: &str, value: &str) {
     run(Command::new("setfattr")
         .args(["-n", name, "-v", value])
         .arg(OsStr::new(path)));
+}
+
+/// `len` pseudo-random bytes from `seed` (xorshift64): incompressible, reproducible.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    (0..len.div_ceil(8))
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .take(len)
+        .collect()
+}
+
+/// Writes an image of regular files straight into an OCI layout at `layout` (tag
+/// [`TAG`]): one gzip tar layer per entry of `layers`, each a list of (path, bytes),
+/// and a config for `arch` with an Entrypoint and Env that conversions must keep.
+/// Made with GNU `tar` and `gzip`: milliseconds. Returns the manifest's digest.
+pub fn build_files_image(layout: &Path, arch: &str, layers: &[Vec<(&str, Vec<u8>)>]) -> String {
+    for tool in ["tar", "gzip"] {
+        require_tool(tool);
+    }
+    let blobs = layout.join("blobs/sha256");
+    fs::create_dir_all(&blobs).expect("create blobs dir");
+    let put = |bytes: &[u8]| {
+        let digest = sha256(bytes);
+        fs::write(blobs.join(&digest[7..]), bytes).expect("write blob");
+        digest
+    };
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let mut diff_ids = Vec::new();
+    let mut descriptors = Vec::new();
+    for (i, files) in layers.iter().enumerate() {
+        let src = scratch.path().join(format!("layer-{i}"));
+        for (path, bytes) in files {
+            let p = src.join(path);
+            fs::create_dir_all(p.parent().expect("parent")).expect("create dirs");
+            fs::write(&p, bytes).expect("write file");
+        }
+        let tar_path = scratch.path().join(format!("layer-{i}.tar"));
+        run(Command::new("tar")
+            .args(["--numeric-owner", "--owner=0", "--group=0", "--sort=name"])
+            .args(["--mtime=@1700000000", "-C"])
+            .arg(&src)
+            .arg("-cf")
+            .arg(&tar_path)
+            .arg("."));
+        diff_ids.push(sha256(&fs::read(&tar_path).expect("read layer tar")));
+        run(Command::new("gzip").args(["-n", "-f"]).arg(&tar_path));
+        let layer = fs::read(tar_path.with_extension("tar.gz")).expect("read layer");
+        descriptors.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": put(&layer),
+            "size": layer.len(),
+        }));
+    }
+    let config = serde_json::json!({
+        "architecture": arch,
+        "os": "linux",
+        "config": {"Entrypoint": ["/bin/app", "--serve"], "Env": ["MODE=test"]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    })
+    .to_string();
+    let config_digest = put(config.as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": config_digest,
+            "size": config.len(),
+        },
+        "layers": descriptors,
+    })
+    .to_string();
+    let manifest_digest = put(manifest.as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest.len(),
+            "annotations": {"org.opencontainers.image.ref.name": TAG},
+        }],
+    });
+    fs::write(layout.join("index.json"), index.to_string()).expect("write index.json");
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .expect("write oci-layout");
+    manifest_digest
 }

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-pub use options::{BuildOptions, BuildProgress};
+pub use options::{BuildOptions, BuildProgress, ChunkDict};
 use store::ChunkStore;
 use tree::{Meta, Tree};
 

@@ -16,8 +16,8 @@ pub struct BuildOptions {
     /// zstd level (1..=22) or gzip level (0..=9).
     pub compression_level: i32,
     pub digest: DigestAlgo,
-    /// An image dir whose chunks are referenced rather than stored again.
-    pub chunk_dict: Option<PathBuf>,
+    /// An earlier image whose chunks are referenced rather than stored again.
+    pub chunk_dict: Option<ChunkDict>,
     /// Paths (from the image root) whose data readers will want first.
     pub prefetch: Vec<String>,
     /// Counters the build updates as it reads input, for a progress display.
@@ -31,6 +31,19 @@ pub struct BuildProgress {
     pub files: AtomicU64,
     /// File bytes read so far.
     pub bytes: AtomicU64,
+}
+
+/// A chunk dictionary: an earlier image whose chunks a build references instead of
+/// storing them again.
+#[derive(Debug, Clone)]
+pub struct ChunkDict {
+    /// The image dir holding the dictionary's `bootstrap`.
+    pub image_dir: PathBuf,
+    /// Whether the dictionary's blob files are in `image_dir/blobs/`, to be linked into
+    /// the new image dir so it is complete on its own. `false` when they are kept
+    /// elsewhere (a registry, where `tessera convert` finds them) and the new image
+    /// dir holds only the blobs this build wrote.
+    pub link_blobs: bool,
 }
 
 impl Default for BuildOptions {

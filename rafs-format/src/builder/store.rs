@@ -70,8 +70,9 @@ pub(crate) struct Occurrence {
 pub(crate) struct DictBlob {
     pub digest: [u8; 32],
     pub size: u64,
-    /// Where the blob file is, to link it into the new image dir.
-    pub path: std::path::PathBuf,
+    /// Where the blob file is, to link it into the new image dir; `None` when the
+    /// dictionary's blobs are kept elsewhere.
+    pub path: Option<std::path::PathBuf>,
 }
 
 /// Chunks of another image that a build may reference instead of storing again.
@@ -135,14 +136,14 @@ impl ChunkStore {
             stats: StoreStats::default(),
             progress: opts.progress.clone(),
         };
-        if let Some(dir) = &opts.chunk_dict {
-            store.load_dict(dir)?;
+        if let Some(dict) = &opts.chunk_dict {
+            store.load_dict(&dict.image_dir, dict.link_blobs)?;
         }
         Ok(store)
     }
 
     /// Indexes the chunks of the image at `dir` so matching chunks are referenced.
-    fn load_dict(&mut self, dir: &Path) -> Result<()> {
+    fn load_dict(&mut self, dir: &Path, link_blobs: bool) -> Result<()> {
         let bootstrap = Bootstrap::open(&dir.join("bootstrap"))?;
         if bootstrap.digest_algo() != self.algo {
             return Err(Error::InvalidOption(format!(
@@ -155,13 +156,14 @@ impl ChunkStore {
         let local = LocalBlobs::new(dir);
         for blob in bootstrap.blobs()? {
             let path = local.path(&blob);
-            if !path.is_file() {
+            if link_blobs && !path.is_file() {
                 return Err(Error::io(
                     "find chunk-dict blob",
                     &path,
                     std::io::Error::from(std::io::ErrorKind::NotFound),
                 ));
             }
+            let path = link_blobs.then_some(path);
             self.dict.blobs.push(DictBlob {
                 digest: blob.digest,
                 size: blob.size,

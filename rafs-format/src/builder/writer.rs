@@ -443,12 +443,13 @@ fn link_dict_blobs(store: &ChunkStore, keys: &[BlobKey], out_dir: &Path) -> Resu
     for key in keys {
         let BlobKey::Dict(i) = key else { continue };
         let b = store.dict_blob(*i);
+        let Some(path) = &b.path else { continue };
         let dest = out_dir.join("blobs").join(hex::encode(b.digest));
         if dest.exists() {
             continue;
         }
-        if std::fs::hard_link(&b.path, &dest).is_err() {
-            std::fs::copy(&b.path, &dest)
+        if std::fs::hard_link(path, &dest).is_err() {
+            std::fs::copy(path, &dest)
                 .map_err(|e| Error::io("copy chunk-dict blob to", &dest, e))?;
         }
     }

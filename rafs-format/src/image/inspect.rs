@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{open_validated, walk};
 use crate::chunk::Chunking;
-use crate::reader::FileKind;
+use crate::reader::{Bootstrap, FileKind};
 use crate::Result;
 
 /// Totals of an image.
@@ -66,7 +66,11 @@ fn lossy(b: &[u8]) -> String {
 
 /// Reads (and fully validates) an image dir's bootstrap and lists it.
 pub fn inspect(image_dir: &Path) -> Result<ImageListing> {
-    let b = open_validated(image_dir)?;
+    inspect_bootstrap(&open_validated(image_dir)?)
+}
+
+/// [`inspect`] for a validated bootstrap.
+pub fn inspect_bootstrap(b: &Bootstrap) -> Result<ImageListing> {
     let mut stats = ImageStats {
         format_version: crate::layout::VERSION,
         digest_algo: b.digest_algo().name().into(),
@@ -90,7 +94,7 @@ pub fn inspect(image_dir: &Path) -> Result<ImageListing> {
         .collect();
     stats.prefetch = b.prefetch()?.iter().map(|p| lossy(p.path)).collect();
     let mut entries = Vec::new();
-    walk(&b, |path, inode, first| {
+    walk(b, |path, inode, first| {
         stats.entries += 1;
         if first {
             match inode.kind {

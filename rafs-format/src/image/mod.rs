@@ -5,9 +5,11 @@ mod check;
 mod inspect;
 mod unpack;
 
-pub use check::{check, CheckReport};
-pub use inspect::{inspect, EntryListing, ImageListing, ImageStats};
-pub use unpack::{unpack_to_dir, unpack_to_tar, UnpackSummary};
+pub use check::{check, check_image, CheckReport};
+pub use inspect::{inspect, inspect_bootstrap, EntryListing, ImageListing, ImageStats};
+pub use unpack::{
+    unpack_image_to_dir, unpack_image_to_tar, unpack_to_dir, unpack_to_tar, UnpackSummary,
+};
 
 use std::collections::HashSet;
 use std::path::Path;

@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, Mode, Timespec, Timestamps, CWD};
 use serde::Serialize;
 
 use super::{open_validated, walk};
-use crate::reader::{Bootstrap, FileKind, Inode, LocalBlobs};
+use crate::reader::{read_chunk, BlobSource, Bootstrap, FileKind, Inode, LocalBlobs};
 use crate::{Error, Result};
 
 /// What an unpack produced.
@@ -27,20 +27,18 @@ pub struct UnpackSummary {
 /// Writes a regular file's data, leaving holes as holes.
 fn write_file_data(
     b: &Bootstrap,
-    blobs: &LocalBlobs,
+    blobs: &dyn BlobSource,
     inode: &Inode,
     out: &File,
     path: &Path,
 ) -> Result<()> {
     for piece in b.file_chunks(inode)? {
         let Some(c) = piece.chunk else { continue };
-        let data = blobs
-            .read_chunk(b, &b.chunk(c)?)
-            .map_err(|e| Error::InFile {
-                path: path.display().to_string(),
-                file_offset: piece.file_offset,
-                cause: Box::new(e),
-            })?;
+        let data = read_chunk(blobs, b, &b.chunk(c)?).map_err(|e| Error::InFile {
+            path: path.display().to_string(),
+            file_offset: piece.file_offset,
+            cause: Box::new(e),
+        })?;
         out.write_all_at(&data, piece.file_offset)
             .map_err(|e| Error::io("write", path, e))?;
     }
@@ -83,7 +81,15 @@ fn apply_metadata(b: &Bootstrap, inode: &Inode, path: &Path) -> Result<()> {
 /// Rebuilds the image's tree under `dest` (created if absent; must be empty).
 pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
     let b = open_validated(image_dir)?;
-    let blobs = LocalBlobs::new(image_dir);
+    unpack_image_to_dir(&b, &LocalBlobs::new(image_dir), dest)
+}
+
+/// [`unpack_to_dir`] for a validated bootstrap whose blobs are read from `blobs`.
+pub fn unpack_image_to_dir(
+    b: &Bootstrap,
+    blobs: &dyn BlobSource,
+    dest: &Path,
+) -> Result<UnpackSummary> {
     std::fs::create_dir_all(dest).map_err(|e| Error::io("create", dest, e))?;
     if std::fs::read_dir(dest)
         .map_err(|e| Error::io("read", dest, e))?
@@ -98,7 +104,7 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
     let mut summary = UnpackSummary::default();
     let mut first_path: HashMap<u32, PathBuf> = HashMap::new();
     let mut dirs: Vec<(PathBuf, Inode)> = Vec::new();
-    walk(&b, |rel, inode, first| {
+    walk(b, |rel, inode, first| {
         let path = dest.join(OsStr::from_bytes(rel));
         summary.entries += 1;
         if !first {
@@ -116,7 +122,7 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
             }
             FileKind::Regular => {
                 let f = File::create(&path).map_err(|e| Error::io("create", &path, e))?;
-                write_file_data(&b, &blobs, inode, &f, &path)?;
+                write_file_data(b, blobs, inode, &f, &path)?;
                 summary.file_bytes += inode.size;
             }
             FileKind::Symlink => {
@@ -130,15 +136,15 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
                     .map_err(|e| io("mknod", e))?;
             }
         }
-        apply_metadata(&b, inode, &path)?;
+        apply_metadata(b, inode, &path)?;
         first_path.insert(inode.ino, path);
         Ok(())
     })?;
     // Directories last, deepest first, so creating their entries does not move mtimes.
     for (path, inode) in dirs.iter().rev() {
-        apply_metadata(&b, inode, path)?;
+        apply_metadata(b, inode, path)?;
     }
-    apply_metadata(&b, &b.inode(crate::layout::ROOT_INO)?, dest)?;
+    apply_metadata(b, &b.inode(crate::layout::ROOT_INO)?, dest)?;
     Ok(summary)
 }
 
@@ -146,15 +152,23 @@ pub fn unpack_to_dir(image_dir: &Path, dest: &Path) -> Result<UnpackSummary> {
 /// and large ids; long names use GNU extensions; later names of an inode are hardlinks.
 pub fn unpack_to_tar(image_dir: &Path, out: impl Write) -> Result<UnpackSummary> {
     let b = open_validated(image_dir)?;
-    let blobs = LocalBlobs::new(image_dir);
+    unpack_image_to_tar(&b, &LocalBlobs::new(image_dir), out)
+}
+
+/// [`unpack_to_tar`] for a validated bootstrap whose blobs are read from `blobs`.
+pub fn unpack_image_to_tar(
+    b: &Bootstrap,
+    blobs: &dyn BlobSource,
+    out: impl Write,
+) -> Result<UnpackSummary> {
     let mut tar = tar::Builder::new(out);
     tar.mode(tar::HeaderMode::Complete);
     let mut summary = UnpackSummary::default();
     let mut first_path: HashMap<u32, Vec<u8>> = HashMap::new();
     let io = |e: std::io::Error| Error::io("write tar", "<output>", e);
     let root = b.inode(crate::layout::ROOT_INO)?;
-    append_entry(&b, &blobs, &mut tar, b"./", &root, None).map_err(io)?;
-    walk(&b, |rel, inode, first| {
+    append_entry(b, blobs, &mut tar, b"./", &root, None).map_err(io)?;
+    walk(b, |rel, inode, first| {
         if inode.kind == FileKind::Socket {
             summary.skipped_sockets += 1;
             return Ok(());
@@ -169,7 +183,7 @@ pub fn unpack_to_tar(image_dir: &Path, out: impl Write) -> Result<UnpackSummary>
         } else {
             first_path.get(&inode.ino).map(Vec::as_slice)
         };
-        append_entry(&b, &blobs, &mut tar, rel, inode, link).map_err(|e| {
+        append_entry(b, blobs, &mut tar, rel, inode, link).map_err(|e| {
             match e.downcast::<Error>() {
                 Ok(inner) => inner,
                 Err(e) => io(e),
@@ -183,7 +197,7 @@ pub fn unpack_to_tar(image_dir: &Path, out: impl Write) -> Result<UnpackSummary>
 /// A reader over a file's data that verifies each chunk as it goes.
 struct FileData<'a> {
     b: &'a Bootstrap,
-    blobs: &'a LocalBlobs,
+    blobs: &'a dyn BlobSource,
     pieces: std::vec::IntoIter<crate::reader::FileChunk>,
     current: Vec<u8>,
     pos: usize,
@@ -199,9 +213,7 @@ impl std::io::Read for FileData<'_> {
                 None => vec![0; piece.len as usize],
                 Some(c) => {
                     let info = self.b.chunk(c).map_err(std::io::Error::other)?;
-                    self.blobs
-                        .read_chunk(self.b, &info)
-                        .map_err(std::io::Error::other)?
+                    read_chunk(self.blobs, self.b, &info).map_err(std::io::Error::other)?
                 }
             };
             self.pos = 0;
@@ -215,7 +227,7 @@ impl std::io::Read for FileData<'_> {
 
 fn append_entry(
     b: &Bootstrap,
-    blobs: &LocalBlobs,
+    blobs: &dyn BlobSource,
     tar: &mut tar::Builder<impl Write>,
     path: &[u8],
     inode: &Inode,

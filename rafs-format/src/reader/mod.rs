@@ -6,7 +6,7 @@
 mod blobs;
 mod bootstrap;
 
-pub use blobs::LocalBlobs;
+pub use blobs::{read_chunk, BlobSource, LocalBlobs};
 pub(crate) use bootstrap::{check_name, checksum as bootstrap_checksum};
 pub use bootstrap::{
     BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry, Verify,

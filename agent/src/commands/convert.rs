@@ -1,0 +1,137 @@
+//! `tessera convert SRC DST`: the command line around [`tessera_agent::convert`] —
+//! flags, credentials for each side, a progress line per phase and the summary.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use tessera_agent::convert::{convert as run_convert, ConvertOptions, ConvertProgress};
+use tessera_agent::registry::client::Credential;
+use tessera_agent::registry::reference::{Platform, Reference};
+
+use super::image::{print_out, FormatArgs, ProgressDisplay};
+use super::registry::{credential_arg, runtime, RegistryArgs};
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Image to convert (`host/repo:tag`, `@sha256:…`; Docker Hub short names work).
+    source: Reference,
+    /// Where to push the Tessera image (a tag).
+    target: Reference,
+    #[command(flatten)]
+    format: FormatArgs,
+    /// Platform to convert from a multi-platform image [default: this machine's].
+    #[arg(
+        long,
+        value_name = "OS/ARCH[/VARIANT]",
+        conflicts_with = "all_platforms"
+    )]
+    platform: Option<Platform>,
+    /// Convert every platform of a multi-platform image and push an index.
+    #[arg(long)]
+    all_platforms: bool,
+    /// An image converted earlier (e.g. the previous version): chunks it has are not
+    /// pushed again. Fastest in the same registry as the target (blobs are mounted).
+    #[arg(long, value_name = "REF")]
+    chunk_dict: Option<Reference>,
+    /// Credentials for the source registry, `USER:PASSWORD` (else the credentials file).
+    #[arg(long, env = "TESSERA_SRC_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    src_creds: Option<Credential>,
+    /// Credentials for the target registry, `USER:PASSWORD` (else the credentials file).
+    #[arg(long, env = "TESSERA_DEST_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    dest_creds: Option<Credential>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    /// Scratch directory for layers and the built image [default: the system's temp dir].
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn convert(args: ConvertArgs) -> Result<()> {
+    // Each side gets its own client, so each side's credentials stay with its registry.
+    let src_client = args
+        .registry
+        .client(&[&args.source], args.src_creds.as_ref())?;
+    let mut dst_refs = vec![&args.target];
+    dst_refs.extend(args.chunk_dict.as_ref());
+    let dst_client = args.registry.client(&dst_refs, args.dest_creds.as_ref())?;
+    let work = match &args.work_dir {
+        Some(dir) => tempfile::tempdir_in(dir),
+        None => tempfile::tempdir(),
+    }
+    .context("create a scratch directory")?;
+    let opts = ConvertOptions {
+        build: args.format.options()?,
+        platform: args.platform.clone().unwrap_or_else(Platform::host),
+        all_platforms: args.all_platforms,
+        chunk_dict: args.chunk_dict.clone(),
+        work_dir: work.path().to_path_buf(),
+    };
+    let progress = Arc::new(ConvertProgress::default());
+    let display = progress_display(progress.clone());
+    let rt = runtime()?;
+    let summary = rt
+        .block_on(run_convert(
+            src_client,
+            dst_client,
+            &args.source,
+            &args.target,
+            &opts,
+            &progress,
+        ))
+        .with_context(|| format!("convert {} to {}", args.source, args.target))?;
+    drop(display);
+    if args.json {
+        print_out(format_args!(
+            "{}\n",
+            serde_json::to_string_pretty(&summary)?
+        ))
+    } else {
+        print_out(&summary)
+    }
+}
+
+/// One line for the current phase: bytes done of the total and the phase's rate.
+fn progress_display(progress: Arc<ConvertProgress>) -> ProgressDisplay {
+    let mut phase_start: (String, f64, u64) = (String::new(), 0.0, 0);
+    ProgressDisplay::start(move |secs| {
+        let phase = progress
+            .phase
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        let (done, total) = if phase.starts_with("pull") {
+            (
+                progress.pulled.load(Ordering::Relaxed),
+                Some(progress.pull_total.load(Ordering::Relaxed)),
+            )
+        } else if phase.starts_with("build") {
+            (progress.build.bytes.load(Ordering::Relaxed), None)
+        } else {
+            (
+                progress.pushed.load(Ordering::Relaxed),
+                Some(progress.push_total.load(Ordering::Relaxed)),
+            )
+        };
+        if phase_start.0 != phase {
+            phase_start = (phase.clone(), secs, done);
+        }
+        let rate = (done - phase_start.2.min(done)) as f64
+            / f64::from(1 << 20)
+            / (secs - phase_start.1).max(0.001);
+        match total {
+            Some(t) => format!(
+                "{phase}: {:.1} / {:.1} MiB, {rate:.1} MiB/s",
+                mib(done),
+                mib(t)
+            ),
+            None => format!("{phase}: {:.1} MiB read, {rate:.1} MiB/s", mib(done)),
+        }
+    })
+}

@@ -1,0 +1,625 @@
+//! `tessera convert SRC DST`: pull an OCI image, build it into the Tessera format and
+//! push it as an OCI image whose layers are the blobs and the bootstrap.
+//!
+//! Three phases per platform — pull (layers streamed to disk, each verified), build
+//! (`rafs_format::builder`, bounded memory), push (blobs, bootstrap, config, then the
+//! manifest) — and, for `--all-platforms`, an index last. The manifest (or index) is
+//! always pushed after everything it names, so a failed conversion leaves DST as it
+//! was: blobs without a manifest are invisible and collected by the registry's GC.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rafs_format::builder::{BuildOptions, BuildProgress, BuildSummary, Builder, ChunkDict};
+use serde::Serialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::task::JoinSet;
+
+use crate::registry::client::{PushOutcome, RegistryClient};
+use crate::registry::image::{
+    self, PlatformImage, BLOB_ANNOTATION, BLOB_MEDIA_TYPE, BOOTSTRAP_ANNOTATION,
+    BOOTSTRAP_DIGEST_ANNOTATION, BOOTSTRAP_MEDIA_TYPE, SOURCE_DIGEST_ANNOTATION,
+    SOURCE_REF_ANNOTATION,
+};
+use crate::registry::reference::{Platform, Reference};
+use crate::{Error, Result};
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+/// Layers downloaded at once.
+const PULL_CONCURRENCY: usize = 3;
+/// Largest image config accepted (a JSON document; this bounds a hostile one).
+const MAX_CONFIG: u64 = 16 << 20;
+/// Bootstraps compress well (names, fixed records); they are fetched before a mount
+/// is usable, so a higher level pays.
+const BOOTSTRAP_ZSTD_LEVEL: i32 = 10;
+
+/// What to convert and how.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Format options, as for `tessera build` (its `chunk_dict` is set from `chunk_dict`).
+    pub build: BuildOptions,
+    /// The platform to convert from a multi-platform source.
+    pub platform: Platform,
+    /// Convert every platform of a multi-platform source and push an index.
+    pub all_platforms: bool,
+    /// An image converted earlier (same registry as DST for blob mounts): its chunks
+    /// are referenced instead of pushed again.
+    pub chunk_dict: Option<Reference>,
+    /// Scratch space for layers and the built image (removed by the caller).
+    pub work_dir: PathBuf,
+}
+
+/// Live counters for a progress display.
+#[derive(Debug, Default)]
+pub struct ConvertProgress {
+    /// What is happening now (`pull linux/amd64`, `build`, `push`).
+    pub phase: Mutex<String>,
+    pub pulled: AtomicU64,
+    pub pull_total: AtomicU64,
+    pub build: Arc<BuildProgress>,
+    pub pushed: AtomicU64,
+    pub push_total: AtomicU64,
+}
+
+impl ConvertProgress {
+    fn set_phase(&self, phase: String) {
+        tracing::info!(%phase, "convert");
+        *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+}
+
+/// What a conversion did, for people (`Display`) and machines (`Serialize`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConvertSummary {
+    pub source: String,
+    pub target: String,
+    /// Digest of what `target` now names: the manifest, or the index.
+    pub digest: String,
+    pub media_type: String,
+    pub images: Vec<ImageSummary>,
+    /// Compressed bytes of the source's layers (all platforms converted).
+    pub source_bytes: u64,
+    /// Bytes uploaded to the registry.
+    pub pushed_bytes: u64,
+    /// Bytes of blobs the registry already had or mounted from the chunk dictionary.
+    pub reused_bytes: u64,
+    pub pull_seconds: f64,
+    pub build_seconds: f64,
+    pub push_seconds: f64,
+    pub seconds: f64,
+}
+
+/// One platform's conversion.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageSummary {
+    pub platform: Option<String>,
+    pub source_digest: String,
+    pub digest: String,
+    pub source_bytes: u64,
+    pub pushed_bytes: u64,
+    pub reused_bytes: u64,
+    pub build: BuildSummary,
+}
+
+impl std::fmt::Display for ConvertSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        writeln!(f, "converted {} -> {}", self.source, self.target)?;
+        writeln!(f, "  digest     {} ({})", self.digest, self.media_type)?;
+        for i in &self.images {
+            writeln!(
+                f,
+                "  {:<10} {} files, {} chunks ({} unique, {} from the chunk dictionary), {:.1} MiB pushed, manifest {}",
+                i.platform.as_deref().unwrap_or("image"),
+                i.build.inodes,
+                i.build.chunks,
+                i.build.unique_chunks,
+                i.build.dict_chunks,
+                mib(i.pushed_bytes),
+                i.digest
+            )?;
+        }
+        writeln!(
+            f,
+            "  bytes      {:.1} MiB of source layers; {:.1} MiB pushed, {:.1} MiB already in the registry",
+            mib(self.source_bytes),
+            mib(self.pushed_bytes),
+            mib(self.reused_bytes)
+        )?;
+        writeln!(
+            f,
+            "  time       {:.2} s (pull {:.2} s, build {:.2} s, push {:.2} s)",
+            self.seconds, self.pull_seconds, self.build_seconds, self.push_seconds
+        )
+    }
+}
+
+/// Bytes and time spent per phase, summed over platforms.
+#[derive(Debug, Default)]
+struct Tally {
+    pull: f64,
+    build: f64,
+    push: f64,
+}
+
+/// Converts `src` and pushes the result as `dst` (a tag).
+#[tracing::instrument(skip_all, fields(source = %src, target = %dst))]
+pub async fn convert(
+    src_client: Arc<RegistryClient>,
+    dst_client: Arc<RegistryClient>,
+    src: &Reference,
+    dst: &Reference,
+    opts: &ConvertOptions,
+    progress: &ConvertProgress,
+) -> Result<ConvertSummary> {
+    let started = Instant::now();
+    if dst.digest.is_some() {
+        return Err(Error::Reference {
+            input: dst.to_string(),
+            reason: "the target must be a tag: its digest is only known after the conversion"
+                .into(),
+        });
+    }
+    progress.set_phase("resolve".into());
+    let resolved = image::resolve(&src_client, src).await?;
+    let images: Vec<&PlatformImage> = if opts.all_platforms {
+        resolved.images.iter().collect()
+    } else {
+        vec![resolved.pick(src, &opts.platform)?]
+    };
+    let mut tally = Tally::default();
+    let mut summaries = Vec::new();
+    let multi = opts.all_platforms && resolved.index.is_some();
+    for (n, source) in images.iter().enumerate() {
+        let work = opts.work_dir.join(format!("image-{n}"));
+        std::fs::create_dir_all(&work).map_err(|e| Error::io("create", &work, e))?;
+        // Platform manifests of an index are pushed by digest; the index takes the tag.
+        let target = if multi {
+            Reference {
+                tag: None,
+                ..dst.clone()
+            }
+        } else {
+            dst.clone()
+        };
+        let summary = convert_one(
+            &src_client,
+            &dst_client,
+            source,
+            src,
+            &target,
+            opts,
+            &work,
+            progress,
+            &mut tally,
+        )
+        .await?;
+        std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove", &work, e))?;
+        summaries.push(summary);
+    }
+    let (digest, media_type) = if multi {
+        progress.set_phase("push index".into());
+        let t = Instant::now();
+        let manifests: Vec<serde_json::Value> = summaries
+            .iter()
+            .zip(&images)
+            .map(|(s, source)| {
+                let mut d = json!({
+                    "mediaType": OCI_MANIFEST,
+                    "digest": s.summary.digest,
+                    "size": s.manifest_size,
+                });
+                if let Some(p) = &source.platform {
+                    let mut platform = json!({"os": p.os, "architecture": p.architecture});
+                    if let Some(v) = &p.variant {
+                        platform["variant"] = json!(v);
+                    }
+                    d["platform"] = platform;
+                }
+                d
+            })
+            .collect();
+        let mut index = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": manifests,
+        });
+        if let Some(top) = &resolved.index {
+            index["annotations"] = json!({
+                SOURCE_DIGEST_ANNOTATION: top.digest,
+                SOURCE_REF_ANNOTATION: src.to_string(),
+            });
+        }
+        let bytes = serde_json::to_vec(&index).map_err(|e| internal(dst, e))?;
+        let digest = dst_client.push_manifest(dst, OCI_INDEX, bytes).await?;
+        tally.push += t.elapsed().as_secs_f64();
+        (digest, OCI_INDEX.to_string())
+    } else {
+        let s = summaries.first().ok_or_else(|| Error::Protocol {
+            registry: src.registry.clone(),
+            repository: src.repository.clone(),
+            what: "resolve".into(),
+            reason: "the index lists no images".into(),
+        })?;
+        (s.summary.digest.clone(), OCI_MANIFEST.to_string())
+    };
+    let images: Vec<ImageSummary> = summaries.into_iter().map(|s| s.summary).collect();
+    Ok(ConvertSummary {
+        source: src.to_string(),
+        target: dst.to_string(),
+        digest,
+        media_type,
+        source_bytes: images.iter().map(|i| i.source_bytes).sum(),
+        pushed_bytes: images.iter().map(|i| i.pushed_bytes).sum(),
+        reused_bytes: images.iter().map(|i| i.reused_bytes).sum(),
+        images,
+        pull_seconds: tally.pull,
+        build_seconds: tally.build,
+        push_seconds: tally.push,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn internal(r: &Reference, e: impl std::fmt::Display) -> Error {
+    Error::Protocol {
+        registry: r.registry.clone(),
+        repository: r.repository.clone(),
+        what: "convert".into(),
+        reason: e.to_string(),
+    }
+}
+
+/// One platform's summary and what an index entry needs of its manifest.
+struct Converted {
+    summary: ImageSummary,
+    manifest_size: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn convert_one(
+    src_client: &Arc<RegistryClient>,
+    dst_client: &Arc<RegistryClient>,
+    source: &PlatformImage,
+    src: &Reference,
+    dst: &Reference,
+    opts: &ConvertOptions,
+    work: &Path,
+    progress: &ConvertProgress,
+    tally: &mut Tally,
+) -> Result<Converted> {
+    let label = source
+        .platform
+        .as_ref()
+        .map_or_else(|| "image".to_string(), ToString::to_string);
+    if image::bootstrap_layer(source).is_ok() {
+        return Err(internal(
+            &source.reference,
+            "the source is already a Tessera image; convert its source instead",
+        ));
+    }
+
+    // Pull: config and layers, each verified against its digest.
+    progress.set_phase(format!("pull {label}"));
+    let t = Instant::now();
+    let config = pull_config(src_client, source).await?;
+    let layers = pull_layers(src_client, source, work, progress).await?;
+    let source_bytes: u64 = source.manifest.layers().iter().map(|l| l.size()).sum();
+    tally.pull += t.elapsed().as_secs_f64();
+
+    // Build, with the chunk dictionary's bootstrap if asked.
+    let mut build_opts = opts.build.clone();
+    build_opts.progress = Some(progress.build.clone());
+    let mut dict_image = None;
+    if let Some(dict_ref) = &opts.chunk_dict {
+        progress.set_phase(format!("fetch chunk dictionary {dict_ref}"));
+        let platform = source
+            .platform
+            .clone()
+            .unwrap_or_else(|| opts.platform.clone());
+        let dict = image::resolve_platform(dst_client, dict_ref, &platform).await?;
+        let dict_dir = work.join("dict");
+        std::fs::create_dir_all(&dict_dir).map_err(|e| Error::io("create", &dict_dir, e))?;
+        image::fetch_bootstrap(dst_client, &dict, &dict_dir).await?;
+        build_opts.chunk_dict = Some(ChunkDict {
+            image_dir: dict_dir,
+            link_blobs: false,
+        });
+        dict_image = Some(dict);
+    }
+    progress.set_phase(format!("build {label}"));
+    let t = Instant::now();
+    let image_dir = work.join("image");
+    let build = {
+        let image_dir = image_dir.clone();
+        let layers = layers.clone();
+        tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
+            let mut builder = Builder::new(&image_dir, build_opts)?;
+            for layer in &layers {
+                let f = std::fs::File::open(layer)
+                    .map_err(|e| rafs_format::Error::io("open layer", layer, e))?;
+                builder.add_layer(std::io::BufReader::with_capacity(1 << 20, f))?;
+                // The layer is in the chunk store now; free the disk early.
+                let _ = std::fs::remove_file(layer);
+            }
+            builder.finish()
+        })
+        .await
+        .map_err(|e| internal(dst, format!("build task: {e}")))??
+    };
+    tally.build += t.elapsed().as_secs_f64();
+
+    // Push: blobs, bootstrap, config, and the manifest last.
+    progress.set_phase(format!("push {label}"));
+    let t = Instant::now();
+    let mut pushed = 0u64;
+    let mut reused = 0u64;
+    let count = |outcome: PushOutcome, size: u64, pushed: &mut u64, reused: &mut u64| match outcome
+    {
+        PushOutcome::Uploaded { bytes } => *pushed += bytes,
+        PushOutcome::Existed | PushOutcome::Mounted => *reused += size,
+    };
+    let bootstrap_file = image_dir.join("bootstrap");
+    let bootstrap_zst = work.join("bootstrap.zst");
+    compress_file(&bootstrap_file, &bootstrap_zst)?;
+    let (bootstrap_layer_digest, bootstrap_layer_size) = sha256_file(&bootstrap_zst)?;
+    let config = rewrite_config(&config, &build, dst)?;
+    let config_path = work.join("config.json");
+    std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
+    let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
+    let new_blob = build.new_blob.as_ref().map(|b| b.digest.clone());
+    progress.push_total.fetch_add(
+        build.new_blob.as_ref().map_or(0, |b| b.size) + bootstrap_layer_size + config.len() as u64,
+        Ordering::Relaxed,
+    );
+    let on_progress = |n: u64| {
+        progress.pushed.fetch_add(n, Ordering::Relaxed);
+    };
+    for blob in &build.blobs {
+        if Some(&blob.digest) == new_blob.as_ref() {
+            let path = image_dir.join("blobs").join(hex_of(&blob.digest));
+            let outcome = dst_client
+                .push_blob(dst, &blob.digest, blob.size, &path, None, &on_progress)
+                .await?;
+            count(outcome, blob.size, &mut pushed, &mut reused);
+        } else {
+            let dict = dict_image.as_ref().ok_or_else(|| {
+                internal(
+                    dst,
+                    format!(
+                        "blob {} is neither new nor from the chunk dictionary",
+                        blob.digest
+                    ),
+                )
+            })?;
+            let (outcome, size) =
+                copy_dict_blob(dst_client, dict, dst, &blob.digest, blob.size, work).await?;
+            count(outcome, size, &mut pushed, &mut reused);
+        }
+    }
+    let outcome = dst_client
+        .push_blob(
+            dst,
+            &bootstrap_layer_digest,
+            bootstrap_layer_size,
+            &bootstrap_zst,
+            None,
+            &on_progress,
+        )
+        .await?;
+    count(outcome, bootstrap_layer_size, &mut pushed, &mut reused);
+    let outcome = dst_client
+        .push_blob(
+            dst,
+            &config_digest,
+            config.len() as u64,
+            &config_path,
+            None,
+            &on_progress,
+        )
+        .await?;
+    count(outcome, config.len() as u64, &mut pushed, &mut reused);
+
+    let mut layers_json: Vec<serde_json::Value> = build
+        .blobs
+        .iter()
+        .map(|b| {
+            json!({
+                "mediaType": BLOB_MEDIA_TYPE,
+                "digest": b.digest,
+                "size": b.size,
+                "annotations": { BLOB_ANNOTATION: "true" },
+            })
+        })
+        .collect();
+    layers_json.push(json!({
+        "mediaType": BOOTSTRAP_MEDIA_TYPE,
+        "digest": bootstrap_layer_digest,
+        "size": bootstrap_layer_size,
+        "annotations": {
+            BOOTSTRAP_ANNOTATION: "true",
+            BOOTSTRAP_DIGEST_ANNOTATION: build.bootstrap_digest,
+            SOURCE_DIGEST_ANNOTATION: source.raw.digest,
+        },
+    }));
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {
+            "mediaType": OCI_CONFIG,
+            "digest": config_digest,
+            "size": config.len(),
+        },
+        "layers": layers_json,
+        "annotations": {
+            SOURCE_DIGEST_ANNOTATION: source.raw.digest,
+            SOURCE_REF_ANNOTATION: src.to_string(),
+        },
+    });
+    let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(dst, e))?;
+    let manifest_size = manifest.len() as u64;
+    let digest = dst_client
+        .push_manifest(dst, OCI_MANIFEST, manifest)
+        .await?;
+    tally.push += t.elapsed().as_secs_f64();
+    tracing::info!(platform = %label, %digest, pushed, reused, "converted");
+    Ok(Converted {
+        summary: ImageSummary {
+            platform: source.platform.as_ref().map(ToString::to_string),
+            source_digest: source.raw.digest.clone(),
+            digest,
+            source_bytes,
+            pushed_bytes: pushed,
+            reused_bytes: reused,
+            build,
+        },
+        manifest_size,
+    })
+}
+
+fn hex_of(digest: &str) -> &str {
+    digest.strip_prefix("sha256:").unwrap_or(digest)
+}
+
+async fn pull_config(client: &RegistryClient, source: &PlatformImage) -> Result<Vec<u8>> {
+    let desc = source.manifest.config();
+    if desc.size() > MAX_CONFIG {
+        return Err(internal(
+            &source.reference,
+            format!(
+                "image config of {} bytes is larger than {MAX_CONFIG}",
+                desc.size()
+            ),
+        ));
+    }
+    let mut config = Vec::new();
+    client
+        .blob(&source.reference, desc.digest().as_ref(), &mut config)
+        .await?;
+    Ok(config)
+}
+
+/// Downloads every layer into `work/layers/`, a few at once; returns their paths in
+/// layer order.
+async fn pull_layers(
+    client: &Arc<RegistryClient>,
+    source: &PlatformImage,
+    work: &Path,
+    progress: &ConvertProgress,
+) -> Result<Vec<PathBuf>> {
+    let dir = work.join("layers");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+    let layers = source.manifest.layers();
+    progress
+        .pull_total
+        .fetch_add(layers.iter().map(|l| l.size()).sum(), Ordering::Relaxed);
+    let mut paths = Vec::with_capacity(layers.len());
+    let mut tasks: JoinSet<Result<u64>> = JoinSet::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let media_type = layer.media_type().to_string();
+        if !media_type.contains("tar") {
+            return Err(internal(
+                &source.reference,
+                format!("layer {i} has media type {media_type}, not a tar layer"),
+            ));
+        }
+        let path = dir.join(format!("{i:04}"));
+        paths.push(path.clone());
+        while tasks.len() >= PULL_CONCURRENCY {
+            if let Some(done) = tasks.join_next().await {
+                progress
+                    .pulled
+                    .fetch_add(flatten(done, &source.reference)?, Ordering::Relaxed);
+            }
+        }
+        let client = client.clone();
+        let reference = source.reference.clone();
+        let digest = layer.digest().to_string();
+        tasks.spawn(async move {
+            let mut f = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| Error::io("create", &path, e))?;
+            client.blob(&reference, &digest, &mut f).await
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        progress
+            .pulled
+            .fetch_add(flatten(done, &source.reference)?, Ordering::Relaxed);
+    }
+    Ok(paths)
+}
+
+fn flatten(
+    done: std::result::Result<Result<u64>, tokio::task::JoinError>,
+    r: &Reference,
+) -> Result<u64> {
+    done.map_err(|e| internal(r, format!("download task: {e}")))?
+}
+
+/// Makes a chunk-dictionary blob present in DST: already there, mounted from the
+/// dictionary's repository (same registry), or copied through a local file.
+async fn copy_dict_blob(
+    client: &RegistryClient,
+    dict: &PlatformImage,
+    dst: &Reference,
+    digest: &str,
+    size: u64,
+    work: &Path,
+) -> Result<(PushOutcome, u64)> {
+    if dict.reference.registry == dst.registry
+        && client
+            .mount_blob(dst, digest, &dict.reference.repository)
+            .await?
+    {
+        return Ok((PushOutcome::Mounted, size));
+    }
+    let path = work.join(format!("dict-{}", hex_of(digest)));
+    let mut f = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| Error::io("create", &path, e))?;
+    client.blob(&dict.reference, digest, &mut f).await?;
+    drop(f);
+    let outcome = client
+        .push_blob(dst, digest, size, &path, None, &|_| {})
+        .await?;
+    std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+    Ok((outcome, size))
+}
+
+/// The source config with `rootfs.diff_ids` naming the new layers (uncompressed
+/// digests: the blob itself, the bootstrap before zstd), so tools that match layers
+/// to diff IDs — containerd's unpacker and snapshotters — see a consistent image.
+/// Everything else (Entrypoint, Env, history, labels) is kept as it was.
+fn rewrite_config(config: &[u8], build: &BuildSummary, dst: &Reference) -> Result<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(config)
+        .map_err(|e| internal(dst, format!("source image config is not JSON: {e}")))?;
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| internal(dst, "source image config is not a JSON object"))?;
+    let mut diff_ids: Vec<String> = build.blobs.iter().map(|b| b.digest.clone()).collect();
+    diff_ids.push(build.bootstrap_digest.clone());
+    obj.insert(
+        "rootfs".into(),
+        json!({ "type": "layers", "diff_ids": diff_ids }),
+    );
+    serde_json::to_vec(&value).map_err(|e| internal(dst, e))
+}
+
+fn compress_file(from: &Path, to: &Path) -> Result<()> {
+    let input = std::fs::File::open(from).map_err(|e| Error::io("open", from, e))?;
+    let output = std::fs::File::create(to).map_err(|e| Error::io("create", to, e))?;
+    zstd::stream::copy_encode(input, output, BOOTSTRAP_ZSTD_LEVEL)
+        .map_err(|e| Error::io("compress into", to, e))
+}
+
+fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let mut hasher = Sha256::new();
+    let size = std::io::copy(&mut f, &mut hasher).map_err(|e| Error::io("read", path, e))?;
+    Ok((format!("sha256:{}", hex::encode(hasher.finalize())), size))
+}

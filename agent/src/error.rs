@@ -1,0 +1,83 @@
+//! The agent library's one error type. Every variant names what it was about (the
+//! registry and repository, the file, the setting) so the message tells people what to
+//! fix; none carries a credential.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An image reference does not parse.
+    #[error("invalid image reference {input:?}: {reason}")]
+    Reference { input: String, reason: String },
+
+    /// The registry answered with an HTTP status that ends the operation.
+    #[error("{registry}/{repository}: {what}: HTTP {status}{hint}")]
+    Status {
+        registry: String,
+        repository: String,
+        what: String,
+        status: u16,
+        hint: &'static str,
+    },
+
+    /// The registry could not be reached, or a body was cut off, after the retries.
+    #[error("{registry}/{repository}: {what}: {reason}")]
+    Transport {
+        registry: String,
+        repository: String,
+        what: String,
+        reason: String,
+    },
+
+    /// Content did not hash to the digest it was asked for by.
+    #[error("{registry}/{repository}: {what}: digest mismatch: expected {expected}, got {actual}")]
+    Digest {
+        registry: String,
+        repository: String,
+        what: String,
+        expected: String,
+        actual: String,
+    },
+
+    /// The registry's answer broke the distribution protocol, or an image is not what
+    /// Tessera can use (no platform matches, no bootstrap layer, a bad manifest).
+    #[error("{registry}/{repository}: {what}: {reason}")]
+    Protocol {
+        registry: String,
+        repository: String,
+        what: String,
+        reason: String,
+    },
+
+    /// A configuration or credentials file is unreadable or wrong.
+    #[error("{path}: {reason}")]
+    Config { path: PathBuf, reason: String },
+
+    /// A local file operation failed.
+    #[error("{action} {path}: {cause}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+
+    /// Building or reading the image format failed.
+    #[error(transparent)]
+    Format(#[from] rafs_format::Error),
+}
+
+impl Error {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        cause: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            cause,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

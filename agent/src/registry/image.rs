@@ -1,0 +1,364 @@
+//! Images in a registry as Tessera sees them: resolving a reference to the manifest of
+//! each platform, the media types and annotations that make an OCI image a Tessera
+//! image (specified in docs/format.md), fetching the bootstrap, and reading blobs by
+//! Range request as a [`BlobSource`] so `check` and `unpack` work on a registry image.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
+use rafs_format::reader::{BlobInfo, BlobSource};
+use tokio::io::AsyncWriteExt;
+
+use super::client::{Manifest, RegistryClient};
+use super::reference::{Platform, Reference};
+use crate::{Error, Result};
+
+/// The bootstrap layer: the bootstrap file compressed with zstd.
+pub const BOOTSTRAP_MEDIA_TYPE: &str = "application/vnd.tessera.rafs.bootstrap.v1+zstd";
+/// A blob layer: chunks, each compressed on its own; the layer itself is not.
+pub const BLOB_MEDIA_TYPE: &str = "application/vnd.tessera.rafs.blob.v1";
+/// On the bootstrap layer, `"true"`.
+pub const BOOTSTRAP_ANNOTATION: &str = "io.tessera.rafs.bootstrap";
+/// On the bootstrap layer: `sha256:` of the uncompressed bootstrap.
+pub const BOOTSTRAP_DIGEST_ANNOTATION: &str = "io.tessera.rafs.bootstrap.digest";
+/// On a blob layer, `"true"`.
+pub const BLOB_ANNOTATION: &str = "io.tessera.rafs.blob";
+/// On the manifest and the bootstrap layer: the digest of the source image's manifest.
+pub const SOURCE_DIGEST_ANNOTATION: &str = "io.tessera.source.digest";
+/// On the manifest: the source image reference as given to `tessera convert`.
+pub const SOURCE_REF_ANNOTATION: &str = "io.tessera.source.ref";
+
+const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// One platform's image manifest, verified, with the reference pinned to its digest.
+#[derive(Debug, Clone)]
+pub struct PlatformImage {
+    /// The repository, pinned `@` this manifest's digest.
+    pub reference: Reference,
+    pub manifest: ImageManifest,
+    pub raw: Manifest,
+    /// From the index entry that named it; `None` for a single-manifest image.
+    pub platform: Option<Platform>,
+}
+
+/// What a reference resolved to.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The index, when the reference names a multi-platform image.
+    pub index: Option<Manifest>,
+    pub images: Vec<PlatformImage>,
+}
+
+fn protocol(r: &Reference, what: &str, reason: String) -> Error {
+    Error::Protocol {
+        registry: r.registry.clone(),
+        repository: r.repository.clone(),
+        what: what.to_string(),
+        reason,
+    }
+}
+
+fn is_index(m: &Manifest) -> bool {
+    if m.media_type == OCI_INDEX || m.media_type == DOCKER_LIST {
+        return true;
+    }
+    // Some registries answer `application/json`; the document says what it is.
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        manifests: Option<serde_json::Value>,
+    }
+    serde_json::from_slice::<Probe>(&m.bytes).is_ok_and(|p| p.manifests.is_some())
+}
+
+fn platform_of(d: &Descriptor) -> Option<Platform> {
+    d.platform().as_ref().map(|p| Platform {
+        os: p.os().to_string(),
+        architecture: p.architecture().to_string(),
+        variant: p.variant().clone(),
+    })
+}
+
+fn parse_image(r: &Reference, m: &Manifest) -> Result<ImageManifest> {
+    serde_json::from_slice(&m.bytes).map_err(|e| {
+        protocol(
+            r,
+            &format!("manifest {}", m.digest),
+            format!("not an image manifest: {e}"),
+        )
+    })
+}
+
+/// Resolves `r` to every platform image it names (attestation entries, platform
+/// `unknown/unknown`, are not images and are left out), or to the one image it is.
+pub async fn resolve(client: &RegistryClient, r: &Reference) -> Result<Resolved> {
+    let top = client.manifest(r).await?;
+    if !is_index(&top) {
+        let manifest = parse_image(r, &top)?;
+        let reference = Reference {
+            digest: Some(top.digest.clone()),
+            ..r.clone()
+        };
+        return Ok(Resolved {
+            index: None,
+            images: vec![PlatformImage {
+                reference,
+                manifest,
+                raw: top,
+                platform: None,
+            }],
+        });
+    }
+    let index: ImageIndex = serde_json::from_slice(&top.bytes).map_err(|e| {
+        protocol(
+            r,
+            &format!("index {}", top.digest),
+            format!("not an image index: {e}"),
+        )
+    })?;
+    let mut images = Vec::new();
+    for d in index.manifests() {
+        let platform = platform_of(d);
+        if platform.as_ref().is_some_and(|p| p.os == "unknown") {
+            continue;
+        }
+        let reference = Reference {
+            tag: None,
+            digest: Some(d.digest().to_string()),
+            ..r.clone()
+        };
+        let raw = client.manifest(&reference).await?;
+        if is_index(&raw) {
+            return Err(protocol(
+                r,
+                &format!("index {}", top.digest),
+                format!(
+                    "entry {} is itself an index; nested indexes are not supported",
+                    raw.digest
+                ),
+            ));
+        }
+        images.push(PlatformImage {
+            manifest: parse_image(&reference, &raw)?,
+            reference,
+            raw,
+            platform,
+        });
+    }
+    Ok(Resolved {
+        index: Some(top),
+        images,
+    })
+}
+
+/// Resolves `r` to the image for `platform` (the only image if `r` is not an index).
+pub async fn resolve_platform(
+    client: &RegistryClient,
+    r: &Reference,
+    platform: &Platform,
+) -> Result<PlatformImage> {
+    let resolved = resolve(client, r).await?;
+    Ok(resolved.pick(r, platform)?.clone())
+}
+
+impl Resolved {
+    /// The image for `platform`: the only image of a single-manifest reference, else
+    /// the index entry that matches.
+    pub fn pick(&self, r: &Reference, platform: &Platform) -> Result<&PlatformImage> {
+        let found = if self.index.is_none() {
+            self.images.first()
+        } else {
+            self.images.iter().find(|i| {
+                i.platform
+                    .as_ref()
+                    .is_some_and(|p| platform.matches(&p.os, &p.architecture, p.variant.as_deref()))
+            })
+        };
+        found.ok_or_else(|| {
+            let offered: Vec<String> = self
+                .images
+                .iter()
+                .filter_map(|i| i.platform.as_ref().map(ToString::to_string))
+                .collect();
+            protocol(
+                r,
+                "index",
+                format!(
+                    "no image for platform {platform}; it has [{}] (pick one with --platform)",
+                    offered.join(", ")
+                ),
+            )
+        })
+    }
+}
+
+/// The bootstrap layer of a Tessera image, or an error saying the image is not one.
+pub fn bootstrap_layer(image: &PlatformImage) -> Result<&Descriptor> {
+    image
+        .manifest
+        .layers()
+        .iter()
+        .find(|l| {
+            l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE
+                || l.annotations()
+                    .as_ref()
+                    .and_then(|a| a.get(BOOTSTRAP_ANNOTATION))
+                    .is_some_and(|v| v == "true")
+        })
+        .ok_or_else(|| {
+            protocol(
+                &image.reference,
+                &format!("manifest {}", image.raw.digest),
+                "not a Tessera image: no bootstrap layer (convert it with `tessera convert`)"
+                    .into(),
+            )
+        })
+}
+
+/// Downloads, verifies and decompresses the image's bootstrap into `dir/bootstrap`;
+/// returns that path. The caller opens it with its checksum checked.
+pub async fn fetch_bootstrap(
+    client: &RegistryClient,
+    image: &PlatformImage,
+    dir: &Path,
+) -> Result<PathBuf> {
+    let layer = bootstrap_layer(image)?;
+    let digest = layer.digest().to_string();
+    let compressed_path = dir.join("bootstrap.zst");
+    let mut compressed = tokio::fs::File::create(&compressed_path)
+        .await
+        .map_err(|e| Error::io("create", &compressed_path, e))?;
+    client
+        .blob(&image.reference, &digest, &mut compressed)
+        .await?;
+    compressed
+        .flush()
+        .await
+        .map_err(|e| Error::io("write", &compressed_path, e))?;
+    drop(compressed);
+    let out_path = dir.join("bootstrap");
+    let (from, to) = (compressed_path.clone(), out_path.clone());
+    let bad = |reason: String| {
+        protocol(
+            &image.reference,
+            &format!("bootstrap layer {digest}"),
+            reason,
+        )
+    };
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let input = std::fs::File::open(&from)?;
+        let mut output = std::io::BufWriter::new(std::fs::File::create(&to)?);
+        zstd::stream::copy_decode(input, &mut output)?;
+        output.flush()?;
+        std::fs::remove_file(&from)
+    })
+    .await
+    .map_err(|e| bad(format!("decompress: {e}")))?
+    .map_err(|e| bad(format!("decompress: {e}")))?;
+    Ok(out_path)
+}
+
+/// Size of the window read around a requested range: chunks are laid out in reading
+/// order, so reading ahead turns one request per chunk into one per few MiB.
+const READ_AHEAD: u64 = 4 << 20;
+
+/// Bytes of a blob read ahead: where they start, and the bytes.
+type Window = (u64, Arc<Vec<u8>>);
+
+/// An image's blobs in a registry, read with Range requests. Synchronous (it implements
+/// [`BlobSource`] for `rafs_format::image`), so it must be used from a thread outside
+/// the tokio runtime it is given.
+#[derive(Debug)]
+pub struct RemoteBlobs {
+    client: Arc<RegistryClient>,
+    reference: Reference,
+    runtime: tokio::runtime::Handle,
+    /// The last window read from each blob, by blob table index.
+    windows: Mutex<HashMap<u32, Window>>,
+}
+
+impl RemoteBlobs {
+    pub fn new(
+        client: Arc<RegistryClient>,
+        reference: Reference,
+        runtime: tokio::runtime::Handle,
+    ) -> Self {
+        RemoteBlobs {
+            client,
+            reference,
+            runtime,
+            windows: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn fetch_error(&self, blob: &BlobInfo, offset: u64, len: u64, e: Error) -> rafs_format::Error {
+        rafs_format::Error::Fetch {
+            blob: blob.oci_digest(),
+            offset,
+            len,
+            source_name: format!("{}/{}", self.reference.registry, self.reference.repository),
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl BlobSource for RemoteBlobs {
+    fn read_at(&self, blob: &BlobInfo, offset: u64, len: u32) -> rafs_format::Result<Vec<u8>> {
+        let end = offset + u64::from(len);
+        {
+            let windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((start, data)) = windows.get(&blob.index) {
+                if *start <= offset && end <= start + data.len() as u64 {
+                    let from = (offset - start) as usize;
+                    return Ok(data[from..from + len as usize].to_vec());
+                }
+            }
+        }
+        let window_end = end.max(offset + READ_AHEAD).min(blob.size.max(end));
+        let data = self
+            .runtime
+            .block_on(self.client.blob_range(
+                &self.reference,
+                &blob.oci_digest(),
+                offset..window_end,
+            ))
+            .map_err(|e| self.fetch_error(blob, offset, window_end - offset, e))?;
+        let out = data[..len as usize].to_vec();
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(blob.index, (offset, Arc::new(data)));
+        Ok(out)
+    }
+
+    fn verify_blob(&self, blob: &BlobInfo) -> rafs_format::Result<()> {
+        // The client hashes the stream and fails on a mismatch; the size is checked here.
+        let mut sink = tokio::io::sink();
+        let size = self
+            .runtime
+            .block_on(
+                self.client
+                    .blob(&self.reference, &blob.oci_digest(), &mut sink),
+            )
+            .map_err(|e| match e {
+                Error::Digest { actual, .. } => rafs_format::Error::BadBlob {
+                    blob: blob.oci_digest(),
+                    reason: format!("the registry's copy hashes to {actual}"),
+                },
+                e => self.fetch_error(blob, 0, blob.size, e),
+            })?;
+        if size != blob.size {
+            return Err(rafs_format::Error::BadBlob {
+                blob: blob.oci_digest(),
+                reason: format!(
+                    "the registry's copy has {size} bytes, the bootstrap expects {}",
+                    blob.size
+                ),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,343 @@
+//! `tessera convert` end to end against a real CNCF distribution registry: images
+//! pushed by skopeo are converted, read back with `check --ref` and `unpack --ref`, and
+//! compared with `umoci unpack` of the source; chunk dictionaries, multi-platform
+//! indexes, authenticated registries and injected faults.
+//!
+//! Needs docker-registry, umoci, skopeo, GNU tar and setfattr (`make test-deps`).
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+
+use support::fstree::{assert_trees_equal, CompareOptions};
+use support::oci::{self, build_files_image, pseudo_random};
+use support::registry::Registry;
+use support::{s, tessera};
+use tessera_agent::registry::client::{ClientOptions, RegistryClient};
+use tessera_agent::registry::reference::Reference;
+
+/// Runs `tessera ARGS` isolated from this machine's credentials and config files.
+fn run_tessera(home: &Path, args: &[&str]) -> Output {
+    tessera()
+        .args(args)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", home.join("agent.toml"))
+        .env_remove("TESSERA_SRC_CREDS")
+        .env_remove("TESSERA_DEST_CREDS")
+        .env_remove("TESSERA_CREDS")
+        .output()
+        .expect("run tessera")
+}
+
+fn ok(home: &Path, args: &[&str]) -> Output {
+    let out = run_tessera(home, args);
+    assert!(
+        out.status.success(),
+        "tessera {args:?} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `tessera convert --json SRC DST ARGS`, parsed.
+fn convert(home: &Path, src: &str, dst: &str, args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["convert", "--json", src, dst];
+    full.extend_from_slice(args);
+    serde_json::from_slice(&ok(home, &full).stdout).expect("convert --json prints JSON")
+}
+
+/// A home with an empty agent.toml, so no machine-wide setting leaks into a test.
+fn home(t: &Path) -> std::path::PathBuf {
+    let home = t.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("agent.toml"), "").unwrap();
+    home
+}
+
+fn client() -> RegistryClient {
+    RegistryClient::new(ClientOptions::default()).unwrap()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A manifest (or index) from the registry, parsed, with its digest.
+fn get_manifest(reference: &str) -> (serde_json::Value, String) {
+    let r = Reference::parse(reference).unwrap();
+    let m = block_on(client().manifest(&r)).unwrap();
+    (serde_json::from_slice(&m.bytes).unwrap(), m.digest)
+}
+
+/// A JSON blob (an image config) from the registry.
+fn json_blob(reference: &str, digest: &str) -> serde_json::Value {
+    let r = Reference::parse(reference).unwrap();
+    let mut bytes = Vec::new();
+    block_on(client().blob(&r, digest, &mut bytes)).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// The multi-layer image (deletions, opaque dirs, long names, xattrs, hardlinks)
+/// pushed by skopeo converts into an image whose `check --ref` passes and whose
+/// `unpack --ref` equals `umoci unpack` of the source; the pushed manifest carries
+/// the media types, annotations and config the format spec promises.
+#[test]
+fn converted_image_unpacks_like_umoci() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let image = oci::build_layered_image(t.path());
+    let registry = Registry::start();
+    registry.push_layout(&image.layout, &image.tag, "src/app");
+    let src = format!("{}/src/app:{}", registry.addr, image.tag);
+    let dst = format!("{}/tessera/app:v1", registry.addr);
+
+    let summary = convert(&home, &src, &dst, &[]);
+    assert!(summary["pushed_bytes"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(summary["images"].as_array().unwrap().len(), 1);
+
+    let report = ok(&home, &["check", "--json", "--ref", &dst]);
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert!(report["chunks_verified"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["blobs_verified"].as_u64().unwrap() >= 1, "{report}");
+
+    let out = t.path().join("out");
+    ok(&home, &["unpack", "--ref", &dst, "--to", s(&out)]);
+    let reference = oci::umoci_unpack_rootfs(&image.layout, &image.tag, &t.path().join("ref"));
+    assert_trees_equal(&reference, &out, &CompareOptions::default());
+
+    let listing = ok(&home, &["inspect", "--ref", &dst]);
+    assert!(String::from_utf8_lossy(&listing.stdout).contains(oci::LONG_FILE));
+
+    // The manifest: blobs then the bootstrap, typed and annotated; the source's config
+    // kept with diff_ids naming the new layers.
+    let (manifest, _) = get_manifest(&dst);
+    let layers = manifest["layers"].as_array().unwrap();
+    let bootstrap = layers.last().unwrap();
+    assert_eq!(
+        bootstrap["mediaType"],
+        "application/vnd.tessera.rafs.bootstrap.v1+zstd"
+    );
+    assert_eq!(
+        bootstrap["annotations"]["io.tessera.rafs.bootstrap"],
+        "true"
+    );
+    let (source_manifest, source_digest) = get_manifest(&src);
+    assert_eq!(
+        bootstrap["annotations"]["io.tessera.source.digest"],
+        source_digest.as_str()
+    );
+    assert_eq!(
+        manifest["annotations"]["io.tessera.source.ref"],
+        src.as_str()
+    );
+    for blob in &layers[..layers.len() - 1] {
+        assert_eq!(blob["mediaType"], "application/vnd.tessera.rafs.blob.v1");
+    }
+    let config = json_blob(&dst, manifest["config"]["digest"].as_str().unwrap());
+    let source_config = json_blob(&src, source_manifest["config"]["digest"].as_str().unwrap());
+    assert_eq!(config["config"], source_config["config"]);
+    assert_eq!(
+        config["rootfs"]["diff_ids"].as_array().unwrap().len(),
+        layers.len()
+    );
+}
+
+/// The next version of an image converted with `--chunk-dict` (the previous version's
+/// conversion) pushes only the chunks it does not share: its new file, the bootstrap
+/// and the config — asserted in bytes — and still checks and unpacks whole.
+#[test]
+fn chunk_dict_pushes_only_new_chunks() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let registry = Registry::start();
+    let base = pseudo_random(6 << 20, 1);
+    let update = pseudo_random(1 << 20, 2);
+    let v1 = t.path().join("v1");
+    build_files_image(&v1, "amd64", &[vec![("opt/base.bin", base.clone())]]);
+    let v2 = t.path().join("v2");
+    build_files_image(
+        &v2,
+        "amd64",
+        &[
+            vec![("opt/base.bin", base.clone())],
+            vec![("opt/update.bin", update.clone())],
+        ],
+    );
+    registry.push_layout(&v1, oci::TAG, "src/app-v1");
+    registry.push_layout(&v2, oci::TAG, "src/app-v2");
+    let a = registry.addr.clone();
+    let tess_v1 = format!("{a}/tessera/app:v1");
+    let tess_v2 = format!("{a}/tessera/app:v2");
+    let first = convert(&home, &format!("{a}/src/app-v1:v1"), &tess_v1, &[]);
+    let second = convert(
+        &home,
+        &format!("{a}/src/app-v2:v1"),
+        &tess_v2,
+        &["--chunk-dict", &tess_v1],
+    );
+    let image = &second["images"][0];
+    let build = &image["build"];
+    // Every chunk of base.bin comes from the dictionary; update.bin's are new.
+    assert_eq!(build["dict_chunks"].as_u64().unwrap(), 6, "{second}");
+    let new_blob = build["new_blob"]["size"].as_u64().unwrap();
+    // Random data does not compress: the new blob is update.bin and nothing else.
+    assert!(
+        new_blob >= update.len() as u64 && new_blob < update.len() as u64 + 4096,
+        "new blob is {new_blob} bytes for a {}-byte update",
+        update.len()
+    );
+    let (manifest, _) = get_manifest(&tess_v2);
+    let bootstrap_layer = manifest["layers"].as_array().unwrap().last().unwrap()["size"]
+        .as_u64()
+        .unwrap();
+    let config = manifest["config"]["size"].as_u64().unwrap();
+    let pushed = second["pushed_bytes"].as_u64().unwrap();
+    assert_eq!(
+        pushed,
+        new_blob + bootstrap_layer + config,
+        "pushed more than the new chunks, the bootstrap and the config: {second}"
+    );
+    // The old blob was already in the repository: reused, not sent.
+    let old_blob = first["images"][0]["build"]["new_blob"]["size"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        second["reused_bytes"].as_u64().unwrap(),
+        old_blob,
+        "{second}"
+    );
+    assert!(
+        pushed < second["source_bytes"].as_u64().unwrap() / 4,
+        "{second}"
+    );
+
+    ok(&home, &["check", "--ref", &tess_v2]);
+    let out = t.path().join("out");
+    ok(&home, &["unpack", "--ref", &tess_v2, "--to", s(&out)]);
+    assert_eq!(std::fs::read(out.join("opt/base.bin")).unwrap(), base);
+    assert_eq!(std::fs::read(out.join("opt/update.bin")).unwrap(), update);
+
+    // A dictionary in another repository of the same registry: its blob is mounted.
+    let third = convert(
+        &home,
+        &format!("{a}/src/app-v2:v1"),
+        &format!("{a}/other/app:v2"),
+        &["--chunk-dict", &tess_v1],
+    );
+    assert_eq!(third["reused_bytes"].as_u64().unwrap(), old_blob, "{third}");
+    ok(&home, &["check", "--ref", &format!("{a}/other/app:v2")]);
+}
+
+/// A multi-platform source: `--all-platforms` converts each image and pushes an index
+/// naming them with their platforms; without it, `--platform` picks one.
+#[test]
+fn all_platforms_push_an_index() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let registry = Registry::start();
+    let a = registry.addr.clone();
+    let mut entries = Vec::new();
+    for (arch, seed) in [("amd64", 1), ("arm64", 2)] {
+        let layout = t.path().join(arch);
+        let digest = build_files_image(
+            &layout,
+            arch,
+            &[vec![("bin/app", pseudo_random(100_000, seed))]],
+        );
+        registry.push_layout(&layout, oci::TAG, "src/multi");
+        let size = std::fs::metadata(layout.join("blobs/sha256").join(&digest[7..]))
+            .unwrap()
+            .len();
+        entries.push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest,
+            "size": size,
+            "platform": {"os": "linux", "architecture": arch},
+        }));
+    }
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": entries,
+    })
+    .to_string();
+    let src = format!("{a}/src/multi:multi");
+    block_on(client().push_manifest(
+        &Reference::parse(&src).unwrap(),
+        "application/vnd.oci.image.index.v1+json",
+        index.into_bytes(),
+    ))
+    .unwrap();
+    let dst = format!("{a}/tessera/multi:v1");
+    let summary = convert(&home, &src, &dst, &["--all-platforms"]);
+    assert_eq!(
+        summary["media_type"],
+        "application/vnd.oci.image.index.v1+json"
+    );
+    let (index, _) = get_manifest(&dst);
+    let platforms: Vec<&str> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["platform"]["architecture"].as_str().unwrap())
+        .collect();
+    assert_eq!(platforms, ["amd64", "arm64"]);
+    for (arch, seed) in [("amd64", 1), ("arm64", 2)] {
+        let out = t.path().join(format!("out-{arch}"));
+        let platform = format!("linux/{arch}");
+        ok(&home, &["check", "--ref", &dst, "--platform", &platform]);
+        ok(
+            &home,
+            &[
+                "unpack",
+                "--ref",
+                &dst,
+                "--platform",
+                &platform,
+                "--to",
+                s(&out),
+            ],
+        );
+        assert_eq!(
+            std::fs::read(out.join("bin/app")).unwrap(),
+            pseudo_random(100_000, seed)
+        );
+    }
+
+    // One platform only: a plain manifest under the tag.
+    let one = convert(
+        &home,
+        &src,
+        &format!("{a}/tessera/multi:arm"),
+        &["--platform", "linux/arm64"],
+    );
+    assert_eq!(
+        one["media_type"],
+        "application/vnd.oci.image.manifest.v1+json"
+    );
+    assert_eq!(one["images"][0]["platform"], "linux/arm64");
+    let e = run_tessera(
+        &home,
+        &[
+            "convert",
+            &src,
+            &format!("{a}/tessera/multi:x"),
+            "--platform",
+            "linux/s390x",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&e.stderr);
+    assert!(
+        !e.status.success() && stderr.contains("linux/s390x") && stderr.contains("linux/arm64"),
+        "{stderr}"
+    );
+}
