@@ -1,14 +1,15 @@
 //! The distribution client against a real registry (Debian `docker-registry`) holding an
 //! image pushed by skopeo: manifests by tag and digest, verified whole blobs, Range
-//! reads, HEAD, and clear errors for what is missing or wrong.
+//! reads, HEAD, pushes, and clear errors for what is missing or wrong.
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
 mod support;
 
+use sha2::{Digest, Sha256};
 use support::oci;
 use support::registry::Registry;
-use tessera_agent::registry::client::{ClientOptions, RegistryClient};
+use tessera_agent::registry::client::{ClientOptions, PushOutcome, RegistryClient};
 use tessera_agent::registry::reference::Reference;
 use tessera_agent::Error;
 
@@ -234,4 +235,84 @@ fn lying_servers_are_caught_and_flaky_ones_retried() {
         "{}",
         requests[2]
     );
+}
+
+/// Pushes: chunked above the chunk size, in one request below it, skipped when the
+/// repository has the blob, mounted across repositories; a manifest pushed last reads
+/// back byte for byte.
+#[test]
+fn pushes_chunked_monolithic_existing_and_mounted_blobs() {
+    let t = tempfile::tempdir().unwrap();
+    let registry = Registry::start();
+    let client = RegistryClient::new(ClientOptions {
+        chunk_size: 1 << 20,
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    let repo = Reference::parse(&format!("{}/push/one:v1", registry.addr)).unwrap();
+    let other = Reference::parse(&format!("{}/push/two:v1", registry.addr)).unwrap();
+    let big = oci::pseudo_random((3 << 20) + 12345, 7);
+    let small = b"{\"small\": true}".to_vec();
+    let digest = |b: &[u8]| format!("sha256:{}", hex::encode(Sha256::digest(b)));
+    let (big_digest, small_digest) = (digest(&big), digest(&small));
+    std::fs::write(t.path().join("big"), &big).unwrap();
+    std::fs::write(t.path().join("small"), &small).unwrap();
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    let progress = |n: u64| {
+        sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    };
+    runtime().block_on(async {
+        let size = big.len() as u64;
+        let outcome = client
+            .push_blob(&repo, &big_digest, size, &t.path().join("big"), None, &progress)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PushOutcome::Uploaded { bytes: size });
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), size);
+        let mut back = Vec::new();
+        client.blob(&repo, &big_digest, &mut back).await.unwrap();
+        assert!(back == big, "chunked upload changed the blob");
+
+        let outcome = client
+            .push_blob(&repo, &big_digest, size, &t.path().join("big"), None, &progress)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PushOutcome::Existed);
+
+        let small_size = small.len() as u64;
+        let outcome = client
+            .push_blob(&repo, &small_digest, small_size, &t.path().join("small"), None, &progress)
+            .await
+            .unwrap();
+        assert_eq!(outcome, PushOutcome::Uploaded { bytes: small_size });
+
+        assert_eq!(client.blob_size(&other, &big_digest).await.unwrap(), None);
+        assert!(client.mount_blob(&other, &big_digest, "push/one").await.unwrap());
+        assert_eq!(client.blob_size(&other, &big_digest).await.unwrap(), Some(size));
+        // A blob the source repository does not have cannot be mounted.
+        let absent = format!("sha256:{}", "1".repeat(64));
+        assert!(!client.mount_blob(&other, &absent, "push/one").await.unwrap());
+
+        // A wrong digest is refused by the registry, not stored.
+        let e = client
+            .push_blob(&repo, &absent, small_size, &t.path().join("small"), None, &progress)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Status { status: 400, .. }), "{e}");
+
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": small_digest, "size": small_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": big_digest, "size": size}],
+        })
+        .to_string()
+        .into_bytes();
+        let pushed = client
+            .push_manifest(&repo, "application/vnd.oci.image.manifest.v1+json", manifest.clone())
+            .await
+            .unwrap();
+        let fetched = client.manifest(&repo).await.unwrap();
+        assert_eq!((fetched.digest, fetched.bytes), (pushed, manifest));
+    });
 }
