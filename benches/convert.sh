@@ -28,7 +28,7 @@ done
 [ -x "$TESSERA" ] || (cd "$ROOT" && cargo build --release -p tessera-agent --bin tessera)
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-start_registry() { # NAME -> prints host:port
+start_registry() { # NAME VAR: starts a registry, sets VAR to its host:port
     local dir="$WORK/$1" port
     port=$(free_port)
     mkdir -p "$dir/storage"
@@ -38,16 +38,17 @@ log: {level: error}
 storage: {filesystem: {rootdirectory: $dir/storage}}
 http: {addr: 127.0.0.1:$port}
 EOF
+    # Not in a $(…) subshell: PIDS must reach the EXIT trap.
     docker-registry serve "$dir/config.yml" >"$dir/log" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 100); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.1
     done
-    echo "127.0.0.1:$port"
+    printf -v "$2" '127.0.0.1:%s' "$port"
 }
-A=$(start_registry a)
-B=$(start_registry b)
+start_registry a A
+start_registry b B
 
 echo "generating a ${SIZE_MB} MB image..." >&2
 python3 - "$WORK/layout" "$SIZE_MB" <<'PY'

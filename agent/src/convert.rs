@@ -57,8 +57,8 @@ pub struct ConvertOptions {
 /// Live counters for a progress display.
 #[derive(Debug, Default)]
 pub struct ConvertProgress {
-    /// What is happening now (`pull linux/amd64`, `build`, `push`).
-    pub phase: Mutex<String>,
+    /// What is happening now.
+    pub phase: Mutex<Phase>,
     pub pulled: AtomicU64,
     pub pull_total: AtomicU64,
     pub build: Arc<BuildProgress>,
@@ -66,10 +66,48 @@ pub struct ConvertProgress {
     pub push_total: AtomicU64,
 }
 
+/// A phase of a conversion, for rates over the phase alone.
+#[derive(Debug, Clone)]
+pub struct Phase {
+    /// `pull linux/amd64`, `build image`, `push image`, …
+    pub name: String,
+    pub started: Instant,
+    /// The phase's counter (`done`) when it started: counters add up over platforms.
+    pub base: u64,
+}
+
+impl Default for Phase {
+    fn default() -> Self {
+        Phase {
+            name: String::new(),
+            started: Instant::now(),
+            base: 0,
+        }
+    }
+}
+
 impl ConvertProgress {
-    fn set_phase(&self, phase: String) {
-        tracing::info!(%phase, "convert");
+    fn set_phase(&self, name: String) {
+        tracing::info!(phase = %name, "convert");
+        let mut phase = Phase {
+            name,
+            started: Instant::now(),
+            base: 0,
+        };
+        phase.base = self.done(&phase).0;
         *self.phase.lock().unwrap_or_else(|p| p.into_inner()) = phase;
+    }
+
+    /// Bytes done so far in `phase`'s counter, and its total if it has one.
+    pub fn done(&self, phase: &Phase) -> (u64, Option<u64>) {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        if phase.name.starts_with("pull") {
+            (load(&self.pulled), Some(load(&self.pull_total)))
+        } else if phase.name.starts_with("build") {
+            (load(&self.build.bytes), None)
+        } else {
+            (load(&self.pushed), Some(load(&self.push_total)))
+        }
     }
 }
 

@@ -2,7 +2,6 @@
 //! flags, credentials for each side, a progress line per phase and the summary.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -98,40 +97,24 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
 
 /// One line for the current phase: bytes done of the total and the phase's rate.
 fn progress_display(progress: Arc<ConvertProgress>) -> ProgressDisplay {
-    let mut phase_start: (String, f64, u64) = (String::new(), 0.0, 0);
-    ProgressDisplay::start(move |secs| {
+    ProgressDisplay::start(move |_| {
         let phase = progress
             .phase
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        let (done, total) = progress.done(&phase);
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        let (done, total) = if phase.starts_with("pull") {
-            (
-                progress.pulled.load(Ordering::Relaxed),
-                Some(progress.pull_total.load(Ordering::Relaxed)),
-            )
-        } else if phase.starts_with("build") {
-            (progress.build.bytes.load(Ordering::Relaxed), None)
-        } else {
-            (
-                progress.pushed.load(Ordering::Relaxed),
-                Some(progress.push_total.load(Ordering::Relaxed)),
-            )
-        };
-        if phase_start.0 != phase {
-            phase_start = (phase.clone(), secs, done);
-        }
-        let rate = (done - phase_start.2.min(done)) as f64
-            / f64::from(1 << 20)
-            / (secs - phase_start.1).max(0.001);
+        let rate =
+            mib(done.saturating_sub(phase.base)) / phase.started.elapsed().as_secs_f64().max(0.001);
         match total {
             Some(t) => format!(
-                "{phase}: {:.1} / {:.1} MiB, {rate:.1} MiB/s",
+                "{}: {:.1} / {:.1} MiB, {rate:.1} MiB/s",
+                phase.name,
                 mib(done),
                 mib(t)
             ),
-            None => format!("{phase}: {:.1} MiB read, {rate:.1} MiB/s", mib(done)),
+            None => format!("{}: {:.1} MiB read, {rate:.1} MiB/s", phase.name, mib(done)),
         }
     })
 }

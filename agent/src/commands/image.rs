@@ -101,7 +101,7 @@ pub fn print_out(text: impl std::fmt::Display) -> Result<()> {
 }
 
 /// Parses `4096`, `64K`, `1M`, `1MiB`, `16m`.
-fn parse_size(s: &str) -> Result<u32, String> {
+pub fn parse_size(s: &str) -> Result<u32, String> {
     let t = s.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(digits_end);

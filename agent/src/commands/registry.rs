@@ -35,6 +35,10 @@ pub struct RegistryArgs {
     /// Retries after a 5xx, a 429, a reset or a refused connection.
     #[arg(long, default_value_t = 4)]
     retries: u32,
+    /// Blobs up to this size are uploaded in one request, larger ones in chunks of it
+    /// (lower it for proxies that limit request bodies); accepts K/M suffixes.
+    #[arg(long, default_value = "16M", value_parser = super::image::parse_size)]
+    upload_chunk_size: u32,
 }
 
 impl RegistryArgs {
@@ -69,6 +73,7 @@ impl RegistryArgs {
         let mut opts = ClientOptions {
             timeout: std::time::Duration::from_secs(self.timeout),
             retries: self.retries,
+            chunk_size: u64::from(self.upload_chunk_size),
             ..ClientOptions::default()
         };
         opts.plain_http.extend(config.insecure.iter().cloned());

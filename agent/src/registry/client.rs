@@ -64,7 +64,9 @@ pub struct ClientOptions {
     pub plain_http: Vec<String>,
     /// Credentials by registry host.
     pub credentials: HashMap<String, Credential>,
-    /// Limit for one request, headers and body.
+    /// Limit for a response's headers to arrive, and for each wait on its body: a
+    /// stalled transfer fails after this long, a slow but moving one does not (a 5 GB
+    /// blob has no sensible total limit).
     pub timeout: Duration,
     /// Retries after a 5xx, a 429 or a connection error.
     pub retries: u32,
@@ -149,6 +151,26 @@ pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
         scheme: scheme.to_ascii_lowercase(),
         params,
     })
+}
+
+/// A reqwest error with its causes ("error decoding response body: connection reset by
+/// peer"): reqwest's own message alone hides what happened. URLs are left out (they
+/// are in the error's context already, and a presigned storage URL carries a secret).
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(&format!(" for url ({url})"), "");
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 fn sha256_hex(data: &[u8]) -> String {
@@ -300,7 +322,7 @@ impl RegistryClient {
         let resp = req
             .send()
             .await
-            .map_err(|e| err(format!("token request failed: {}", e.without_url())))?;
+            .map_err(|e| err(format!("token request failed: {}", describe(&e))))?;
         if !resp.status().is_success() {
             return Err(Self::status_error(r, "token request", resp.status()));
         }
@@ -313,13 +335,19 @@ impl RegistryClient {
         let body: TokenResponse = resp
             .json()
             .await
-            .map_err(|e| err(format!("bad token response: {}", e.without_url())))?;
+            .map_err(|e| err(format!("bad token response: {}", describe(&e))))?;
         let value = body
             .token
             .or(body.access_token)
             .ok_or_else(|| err("token response has no token".into()))?;
-        // Spec default is 60 s; renew 10 s early so a request never carries a stale one.
-        let life = Duration::from_secs(body.expires_in.unwrap_or(60).max(20) - 10);
+        // Spec default is 60 s. Renew early so a request rarely carries a stale token:
+        // 10 s early for ordinary lifetimes, a quarter early for very short ones.
+        let secs = body.expires_in.unwrap_or(60).max(1);
+        let life = if secs > 40 {
+            Duration::from_secs(secs - 10)
+        } else {
+            Duration::from_millis(secs * 750)
+        };
         let value = format!("Bearer {value}");
         self.remember(&r.registry, scope, &value, life);
         Ok(value)
@@ -347,7 +375,11 @@ impl RegistryClient {
                 v.set_sensitive(true);
                 builder = builder.header(AUTHORIZATION, v);
             }
-            match builder.send().await {
+            let sent = match tokio::time::timeout(self.opts.timeout, builder.send()).await {
+                Ok(result) => result.map_err(Failure::Http),
+                Err(_) => Err(Failure::HeadersTimedOut),
+            };
+            match sent {
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authenticated_once => {
                     let challenge = resp
                         .headers()
@@ -381,15 +413,12 @@ impl RegistryClient {
                     attempt += 1;
                 }
                 Ok(resp) => return Ok(resp),
-                Err(e)
-                    if (e.is_connect() || e.is_timeout() || e.is_request() || e.is_body())
-                        && attempt < self.opts.retries =>
-                {
-                    tracing::debug!(error = %e.without_url(), attempt, what = req.what, "retrying");
+                Err(e) if e.retriable() && attempt < self.opts.retries => {
+                    tracing::debug!(error = %e, attempt, what = req.what, "retrying");
                     tokio::time::sleep(backoff(attempt, None)).await;
                     attempt += 1;
                 }
-                Err(e) => return Err(err(format!("request failed: {}", e.without_url()))),
+                Err(e) => return Err(err(format!("request failed: {e}"))),
             }
         }
     }
@@ -397,6 +426,22 @@ impl RegistryClient {
     /// Fetches the manifest (or index) a reference names, checking it against the
     /// reference's digest when pinned and against the registry's `Docker-Content-Digest`.
     pub async fn manifest(&self, r: &Reference) -> Result<Manifest, Error> {
+        let mut attempt = 0;
+        loop {
+            match self.manifest_once(r).await {
+                Err(Error::Transport { reason, .. })
+                    if reason.starts_with(BODY_CUT) && attempt < self.opts.retries =>
+                {
+                    tracing::debug!(reason, "manifest body cut off; asking again");
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt, None)).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn manifest_once(&self, r: &Reference) -> Result<Manifest, Error> {
         let what = format!("manifest {}", r.object());
         let mut headers = HeaderMap::new();
         headers.insert(ACCEPT, HeaderValue::from_static(MANIFEST_MEDIA_TYPES));
@@ -490,12 +535,12 @@ impl RegistryClient {
                     Ok(Some(chunk)) => chunk,
                     Ok(None) => break 'request,
                     Err(e) if resumes < self.opts.retries => {
-                        tracing::debug!(error = %e.without_url(), at = len, what, "body cut off; resuming");
+                        tracing::debug!(error = %describe(&e), at = len, what, "body cut off; resuming");
                         resumes += 1;
                         tokio::time::sleep(backoff(resumes, None)).await;
                         continue 'request;
                     }
-                    Err(e) => return Err(err(format!("read body: {}", e.without_url()))),
+                    Err(e) => return Err(err(format!("read body: {}", describe(&e)))),
                 };
                 let drop = skip.min(chunk.len() as u64) as usize;
                 skip -= drop as u64;
@@ -576,7 +621,7 @@ impl RegistryClient {
             .send(r, Request::pull(r, Method::GET, url, what).headers(headers))
             .await?;
         let err = self.error(r, what);
-        let body_err = |e: reqwest::Error| err(format!("{BODY_CUT}: {}", e.without_url()));
+        let body_err = |e: reqwest::Error| err(format!("{BODY_CUT}: {}", describe(&e)));
         let mut out = Vec::with_capacity(want);
         match resp.status() {
             StatusCode::PARTIAL_CONTENT => {
@@ -864,6 +909,30 @@ fn upload_retriable(e: &Error) -> bool {
     }
 }
 
+/// Why a request got no response.
+enum Failure {
+    Http(reqwest::Error),
+    HeadersTimedOut,
+}
+
+impl Failure {
+    fn retriable(&self) -> bool {
+        match self {
+            Failure::Http(e) => e.is_connect() || e.is_timeout() || e.is_request() || e.is_body(),
+            Failure::HeadersTimedOut => true,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Http(e) => f.write_str(&describe(e)),
+            Failure::HeadersTimedOut => f.write_str("no response within the timeout"),
+        }
+    }
+}
+
 /// Marks a transport error as a body cut off mid-way, which a new request can repair.
 const BODY_CUT: &str = "body cut off";
 
@@ -941,7 +1010,7 @@ async fn read_bounded(mut resp: Response, max: usize) -> Result<Vec<u8>, String>
     while let Some(chunk) = resp
         .chunk()
         .await
-        .map_err(|e| format!("read body: {}", e.without_url()))?
+        .map_err(|e| format!("{BODY_CUT}: {}", describe(&e)))?
     {
         if out.len() + chunk.len() > max {
             return Err(format!("body larger than {max} bytes"));

@@ -2,9 +2,12 @@
 
 #![allow(dead_code)]
 
+pub mod fault_proxy;
 pub mod fstree;
+pub mod http;
 pub mod oci;
 pub mod registry;
+pub mod token_server;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -283,85 +283,21 @@ pub struct BlobImage {
 }
 
 /// Writes a one-layer image to `work/layout` for tests about moving bytes rather than
-/// about their content: the layer is a gzip tar of one file of `payload_bytes`
-/// pseudo-random bytes, so the blob is about that size and no codec shrinks it. Made
-/// with GNU `tar` and `gzip`, no umoci: it takes milliseconds. `work` must exist.
+/// about their content: the layer holds one file of `payload_bytes` pseudo-random
+/// bytes, so the blob is about that size and no codec shrinks it. `work` must exist.
 pub fn build_blob_image(work: &Path, payload_bytes: usize) -> BlobImage {
-    for tool in ["tar", "gzip"] {
-        require_tool(tool);
-    }
-    let src = work.join("blob-image-src");
-    fs::create_dir_all(&src).expect("create payload dir");
-    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ payload_bytes as u64;
-    let payload: Vec<u8> = (0..payload_bytes.div_ceil(8))
-        .flat_map(|_| {
-            // xorshift64: fast, and random enough that gzip cannot compress it.
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()
-        })
-        .take(payload_bytes)
-        .collect();
-    fs::write(src.join("payload.bin"), &payload).expect("write payload");
-    let tar_path = work.join("layer.tar");
-    run(Command::new("tar")
-        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
-        .arg(&src)
-        .arg("-cf")
-        .arg(&tar_path)
-        .arg("payload.bin"));
-    let diff_id = sha256(&fs::read(&tar_path).expect("read layer tar"));
-    run(Command::new("gzip").args(["-n", "-f"]).arg(&tar_path));
-    let layer = fs::read(work.join("layer.tar.gz")).expect("read layer");
-
     let layout = work.join("layout");
-    let blobs = layout.join("blobs/sha256");
-    fs::create_dir_all(&blobs).expect("create blobs dir");
-    let put = |bytes: &[u8]| {
-        let digest = sha256(bytes);
-        fs::write(blobs.join(&digest[7..]), bytes).expect("write blob");
-        digest
-    };
-    let layer_digest = put(&layer);
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    })
-    .to_string();
-    let config_digest = put(config.as_bytes());
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": config_digest,
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-            "digest": layer_digest,
-            "size": layer.len(),
-        }],
-    })
-    .to_string();
-    let manifest_digest = put(manifest.as_bytes());
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": manifest.len(),
-            "annotations": {"org.opencontainers.image.ref.name": TAG},
-        }],
-    });
-    fs::write(layout.join("index.json"), index.to_string()).expect("write index.json");
-    fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .expect("write oci-layout");
+    let payload = pseudo_random(payload_bytes, payload_bytes as u64);
+    let manifest_digest = build_files_image(&layout, "amd64", &[vec![("payload.bin", payload)]]);
+    let blob = |digest: &str| fs::read(layout.join("blobs/sha256").join(&digest[7..]));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&blob(&manifest_digest).expect("read manifest"))
+            .expect("manifest JSON");
+    let layer_digest = manifest["layers"][0]["digest"]
+        .as_str()
+        .expect("layer digest")
+        .to_owned();
+    let layer = blob(&layer_digest).expect("read layer");
     BlobImage {
         layout,
         tag: TAG.to_owned(),

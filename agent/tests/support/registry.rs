@@ -1,5 +1,6 @@
 //! A real CNCF distribution registry (Debian `docker-registry`) on 127.0.0.1 with its
-//! own storage in a temp dir, started per test and killed when dropped.
+//! own storage in a temp dir, started per test and killed when dropped; open, behind
+//! basic auth, or behind bearer tokens from a [`TokenServer`] of its own.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -7,18 +8,44 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::oci::{require_tool, run};
+use super::token_server::{self, TokenConfig, TokenServer};
 
+/// How the registry authenticates clients.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// Anyone may pull and push.
+    None,
+    /// `auth: htpasswd:` with one user; the registry answers `Basic` challenges.
+    Basic { username: String, password: String },
+    /// `auth: token:` trusting a [`TokenServer`] started with this configuration; the
+    /// registry answers `Bearer` challenges naming it.
+    Token(TokenConfig),
+}
+
+#[derive(Debug)]
 pub struct Registry {
     child: Child,
     /// `127.0.0.1:PORT`.
     pub addr: String,
-    _dir: tempfile::TempDir,
+    /// The registry's stdout; its own log goes to `registry.err` beside it.
     pub log: PathBuf,
+    /// User and password that pushes use, and that tests pass on to the client.
+    creds: Option<(String, String)>,
+    /// The issuer of [`Auth::Token`]; it lives as long as the registry.
+    token_server: Option<TokenServer>,
+    /// Config, storage, logs; removed after the registry is killed (fields drop after
+    /// `Drop::drop` has run).
+    dir: tempfile::TempDir,
 }
 
 impl Registry {
-    /// Starts a registry and waits until `/v2/` answers.
+    /// Starts a registry without authentication and waits until it listens.
     pub fn start() -> Registry {
+        Registry::start_with(Auth::None)
+    }
+
+    /// Starts a registry authenticating as `auth` says and waits until it listens.
+    pub fn start_with(auth: Auth) -> Registry {
         require_tool("docker-registry");
         let dir = tempfile::tempdir().expect("temp dir");
         // A free port: bind port 0, note it, release it for the registry.
@@ -27,11 +54,40 @@ impl Registry {
             .expect("find a free port")
             .port();
         let addr = format!("127.0.0.1:{port}");
+        let (auth_config, creds, token_server) = match auth {
+            Auth::None => (String::new(), None, None),
+            Auth::Basic { username, password } => {
+                let htpasswd = dir.path().join("htpasswd");
+                // Cost 4, bcrypt's minimum: the registry checks the password on every
+                // request, and it accepts nothing but bcrypt.
+                let hash = bcrypt::hash(&password, 4).expect("bcrypt");
+                std::fs::write(&htpasswd, format!("{username}:{hash}\n")).expect("htpasswd");
+                let config = format!(
+                    "auth:\n  htpasswd:\n    realm: tessera-test\n    path: {}\n",
+                    htpasswd.display()
+                );
+                (config, Some((username, password)), None)
+            }
+            Auth::Token(token_config) => {
+                let creds = (token_config.username.clone(), token_config.password.clone());
+                let server = TokenServer::start(token_config);
+                let bundle = dir.path().join("token-root.pem");
+                std::fs::write(&bundle, server.root_cert_pem()).expect("write root cert");
+                let config = format!(
+                    "auth:\n  token:\n    realm: {}\n    service: {}\n    issuer: {}\n    rootcertbundle: {}\n",
+                    server.realm(),
+                    token_server::SERVICE,
+                    token_server::ISSUER,
+                    bundle.display()
+                );
+                (config, Some(creds), Some(server))
+            }
+        };
         let config = dir.path().join("config.yml");
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth_config}",
                 dir.path().join("storage").display()
             ),
         )
@@ -45,39 +101,72 @@ impl Registry {
             ))
             .spawn()
             .expect("start docker-registry");
-        let registry = Registry {
+        let mut registry = Registry {
             child,
             addr,
-            _dir: dir,
             log,
+            creds,
+            token_server,
+            dir,
         };
         registry.wait_ready();
         registry
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if std::net::TcpStream::connect(&self.addr).is_ok() {
                 return;
             }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "docker-registry exited ({status}) before listening:\n{}",
+                    self.stderr()
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!(
-            "docker-registry did not listen on {} within 20 s",
-            self.addr
+            "docker-registry did not listen on {} within 20 s:\n{}",
+            self.addr,
+            self.stderr()
         );
     }
 
-    /// Pushes `layout:tag` to `repo:tag` on this registry with skopeo.
+    /// The registry's own log so far (it logs to stderr).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.err")).unwrap_or_default()
+    }
+
+    /// The user and password of [`Auth::Basic`] or [`Auth::Token`].
+    pub fn creds(&self) -> Option<(String, String)> {
+        self.creds.clone()
+    }
+
+    /// The token issuer of an [`Auth::Token`] registry.
+    pub fn token_server(&self) -> Option<&TokenServer> {
+        self.token_server.as_ref()
+    }
+
+    /// Pushes `layout:tag` to `repo:tag` on this registry with skopeo, with the
+    /// registry's credentials if it has any.
     pub fn push_layout(&self, layout: &Path, tag: &str, repo: &str) {
+        self.push_layout_via(&self.addr, layout, tag, repo);
+    }
+
+    /// [`Registry::push_layout`] through `host` (`host:port`, e.g. a
+    /// [`super::fault_proxy::FaultProxy`] in front of this registry).
+    pub fn push_layout_via(&self, host: &str, layout: &Path, tag: &str, repo: &str) {
         require_tool("skopeo");
-        run(Command::new("skopeo").args([
-            "copy",
-            "--insecure-policy",
-            "--dest-tls-verify=false",
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["copy", "--insecure-policy", "--dest-tls-verify=false"]);
+        if let Some((username, password)) = &self.creds {
+            cmd.arg(format!("--dest-creds={username}:{password}"));
+        }
+        run(cmd.args([
             &format!("oci:{}:{tag}", layout.display()),
-            &format!("docker://{}/{repo}:{tag}", self.addr),
+            &format!("docker://{host}/{repo}:{tag}"),
         ]));
     }
 }
