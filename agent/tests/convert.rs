@@ -12,9 +12,11 @@ mod support;
 use std::path::Path;
 use std::process::Output;
 
+use support::fault_proxy::{Fault, FaultProxy, Rule};
 use support::fstree::{assert_trees_equal, CompareOptions};
 use support::oci::{self, build_files_image, pseudo_random};
-use support::registry::Registry;
+use support::registry::{Auth, Registry};
+use support::token_server::TokenConfig;
 use support::{s, tessera};
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::reference::Reference;
@@ -339,5 +341,300 @@ fn all_platforms_push_an_index() {
     assert!(
         !e.status.success() && stderr.contains("linux/s390x") && stderr.contains("linux/arm64"),
         "{stderr}"
+    );
+}
+
+const USER: &str = "tessera";
+/// Distinctive, so that finding it in output cannot be a coincidence.
+const PASSWORD: &str = "pw-Cv7nQ4-never-print-me";
+const IDENTITY_TOKEN: &str = "refresh-Hx2pT8-never-print-me";
+
+/// A three-layer image of files (one file replaced by a later layer) in an OCI layout.
+fn three_layer_image(t: &Path) -> std::path::PathBuf {
+    let layout = t.join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[
+            vec![
+                ("usr/lib/big.so", pseudo_random(3 << 20, 11)),
+                ("etc/conf", b"v1\n".to_vec()),
+            ],
+            vec![("usr/share/doc/readme", b"read me\n".repeat(5000))],
+            vec![
+                ("etc/conf", b"v2\n".to_vec()),
+                ("bin/app", pseudo_random(1 << 20, 12)),
+            ],
+        ],
+    );
+    layout
+}
+
+/// Converts within `registry` (SRC pushed there by skopeo) and checks the result like
+/// the plain-registry test: `check --ref`, and `unpack --ref` equal to `umoci unpack`.
+fn convert_and_verify(
+    t: &Path,
+    home: &Path,
+    host: &str,
+    extra: &[&str],
+    layout: &Path,
+) -> serde_json::Value {
+    let src = format!("{host}/src/app:{}", oci::TAG);
+    let dst = format!("{host}/tessera/app:v1");
+    let summary = convert(home, &src, &dst, extra);
+    let creds: Vec<&str> = extra
+        .windows(2)
+        .find(|w| w[0] == "--dest-creds")
+        .map(|w| vec!["--creds", w[1]])
+        .unwrap_or_default();
+    let mut check = vec!["check", "--ref", &dst];
+    check.extend(&creds);
+    ok(home, &check);
+    let out = t.join("out");
+    let mut unpack = vec!["unpack", "--ref", &dst, "--to", s(&out)];
+    unpack.extend(&creds);
+    ok(home, &unpack);
+    let reference = oci::umoci_unpack_rootfs(layout, oci::TAG, &t.join("ref"));
+    assert_trees_equal(&reference, &out, &CompareOptions::default());
+    summary
+}
+
+/// Nothing secret in a command's output.
+fn assert_quiet(out: &Output) {
+    for stream in [&out.stdout, &out.stderr] {
+        let text = String::from_utf8_lossy(stream);
+        for secret in [PASSWORD, IDENTITY_TOKEN] {
+            assert!(!text.contains(secret), "output leaks a secret: {text}");
+        }
+    }
+}
+
+/// htpasswd basic auth: credentials from docker's config.json (base64 `auth`) for one
+/// side and from `--dest-creds` for the other; none gives a 401 that says what to do.
+#[test]
+fn converts_on_a_basic_auth_registry() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let layout = three_layer_image(t.path());
+    let registry = Registry::start_with(Auth::Basic {
+        username: USER.into(),
+        password: PASSWORD.into(),
+    });
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let host = registry.addr.clone();
+
+    let denied = run_tessera(
+        &home,
+        &[
+            "convert",
+            &format!("{host}/src/app:v1"),
+            &format!("{host}/tessera/app:v1"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert!(
+        !denied.status.success() && stderr.contains("credentials") && stderr.contains("src/app"),
+        "{stderr}"
+    );
+
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        home.join("config.json"),
+        serde_json::json!({"auths": {host.clone(): {"auth": auth}}}).to_string(),
+    )
+    .unwrap();
+    let summary = convert_and_verify(t.path(), &home, &host, &[], &layout);
+    assert!(
+        summary["pushed_bytes"].as_u64().unwrap() > 4 << 20,
+        "{summary}"
+    );
+
+    // Flags instead of the file (and a wrong file entry they override).
+    std::fs::write(
+        home.join("config.json"),
+        serde_json::json!({"auths": {host.clone(): {"username": USER, "password": "wrong"}}})
+            .to_string(),
+    )
+    .unwrap();
+    let creds = format!("{USER}:{PASSWORD}");
+    let out = ok(
+        &home,
+        &[
+            "convert",
+            &format!("{host}/src/app:v1"),
+            &format!("{host}/tessera/app:v2"),
+            "--src-creds",
+            &creds,
+            "--dest-creds",
+            &creds,
+        ],
+    );
+    assert_quiet(&out);
+}
+
+/// Token auth (our issuer, the real registry): an identity token from config.json for
+/// the refresh-token grant, and tokens that expire every 2 s while a conversion slowed
+/// down by a trickling layer takes longer — renewed, never fatal.
+#[test]
+fn converts_on_a_token_auth_registry_with_expiring_tokens() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let layout = three_layer_image(t.path());
+    let registry = Registry::start_with(Auth::Token(TokenConfig {
+        identity_token: Some(IDENTITY_TOKEN.into()),
+        ..TokenConfig::new(USER, PASSWORD)
+    }));
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let tokens = registry.token_server().unwrap();
+    tokens.set_lifetime(std::time::Duration::from_secs(2));
+    let before = tokens.tokens_issued();
+
+    // The proxy trickles the 3 MiB layer so the pull alone outlives a token.
+    let big_layer = std::fs::read_dir(layout.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .max_by_key(|e| e.metadata().unwrap().len())
+        .unwrap()
+        .file_name();
+    let proxy = FaultProxy::start(&registry.addr);
+    proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: 1 << 20,
+        })
+        .method("GET")
+        .path(big_layer.to_str().unwrap()),
+    );
+    std::fs::write(
+        home.join("config.json"),
+        serde_json::json!({"auths": {proxy.addr.clone(): {"identitytoken": IDENTITY_TOKEN}}})
+            .to_string(),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let summary = convert_and_verify(t.path(), &home, &proxy.addr, &[], &layout);
+    assert!(started.elapsed() > std::time::Duration::from_secs(3));
+    assert!(
+        summary["pushed_bytes"].as_u64().unwrap() > 4 << 20,
+        "{summary}"
+    );
+    // One token per scope would be 2 (pull src, push dst); expiry forced renewals.
+    let issued = tokens.tokens_issued() - before;
+    assert!(issued > 3, "only {issued} tokens issued");
+}
+
+/// Through a proxy that fails the way networks do — 500s on uploads, a 429 on a
+/// manifest, a layer reset mid-body, chunked uploads cut into many PATCHes — the
+/// conversion recovers. Failures that do not stop end in a clear error, and the tag is
+/// not created: the manifest is pushed last.
+#[test]
+fn conversion_recovers_from_faults_and_never_half_writes_the_target() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let layout = three_layer_image(t.path());
+    let registry = Registry::start();
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let proxy = FaultProxy::start(&registry.addr);
+    proxy.inject(
+        Rule::new(Fault::TooManyRequests {
+            retry_after_secs: 1,
+        })
+        .path("/manifests/"),
+    );
+    proxy.inject(
+        Rule::new(Fault::ResetMidBody)
+            .method("GET")
+            .path("/blobs/sha256:"),
+    );
+    proxy.inject(Rule::new(Fault::Status(500)).method("PATCH").times(2));
+    proxy.inject(
+        Rule::new(Fault::Status(503))
+            .method("PUT")
+            .path("/blobs/uploads/"),
+    );
+    proxy.inject(
+        Rule::new(Fault::Status(502))
+            .method("PUT")
+            .path("/manifests/"),
+    );
+    let summary = convert_and_verify(
+        t.path(),
+        &home,
+        &proxy.addr,
+        &["--upload-chunk-size", "256K"],
+        &layout,
+    );
+    assert!(
+        summary["pushed_bytes"].as_u64().unwrap() > 4 << 20,
+        "{summary}"
+    );
+    let log = proxy.log();
+    for expected in [429, 500, 502, 503] {
+        assert!(
+            log.iter().any(|l| l.status == expected),
+            "no {expected} injected: {log:#?}"
+        );
+    }
+    assert!(log.iter().filter(|l| l.method == "PATCH").count() > 10);
+
+    // A registry that never accepts the manifest: a clear error, and no tag.
+    proxy.inject(
+        Rule::new(Fault::Status(500))
+            .method("PUT")
+            .path("/manifests/")
+            .times(100),
+    );
+    let dst = format!("{}/tessera/app:broken", proxy.addr);
+    let failed = run_tessera(
+        &home,
+        &[
+            "convert",
+            "--retries",
+            "1",
+            &format!("{}/src/app:v1", proxy.addr),
+            &dst,
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        !failed.status.success()
+            && stderr.contains("tessera/app")
+            && stderr.contains("HTTP 500")
+            && stderr.contains("manifest"),
+        "{stderr}"
+    );
+    let direct = format!("{}/tessera/app:broken", registry.addr);
+    let e = block_on(client().manifest(&Reference::parse(&direct).unwrap())).unwrap_err();
+    assert!(
+        matches!(e, tessera_agent::Error::Status { status: 404, .. }),
+        "{e}"
+    );
+
+    // Blob uploads that always fail: the same, before any manifest is tried.
+    proxy.inject(
+        Rule::new(Fault::Status(500))
+            .method("POST")
+            .path("/blobs/uploads/")
+            .times(100),
+    );
+    let failed = run_tessera(
+        &home,
+        &[
+            "convert",
+            "--retries",
+            "1",
+            &format!("{}/src/app:v1", proxy.addr),
+            &format!("{}/tessera/other:v1", proxy.addr),
+        ],
+    );
+    assert!(!failed.status.success());
+    let e = block_on(
+        client()
+            .manifest(&Reference::parse(&format!("{}/tessera/other:v1", registry.addr)).unwrap()),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, tessera_agent::Error::Status { status: 404, .. }),
+        "{e}"
     );
 }

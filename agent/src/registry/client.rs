@@ -285,7 +285,9 @@ impl RegistryClient {
                     Ok(value)
                 }
                 _ => Err(err(
-                    "the registry asks for basic credentials and none are configured".into(),
+                    "the registry asks for basic credentials and none are configured \
+                     (pass them with --creds/--src-creds/--dest-creds, or `docker login`)"
+                        .into(),
                 )),
             };
         }
