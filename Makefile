@@ -8,7 +8,7 @@ CARGO ?= cargo
 # setfattr, FUSE and the registry for later issues.
 TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry
 
-.PHONY: test test-deps lint unit demo bench fuzz
+.PHONY: test test-deps lint unit demo bench bench-convert fuzz
 
 test: test-deps lint unit
 
@@ -34,5 +34,11 @@ demo:
 bench:
 	$(CARGO) bench -p tessera-benches --bench format
 
+# Conversion throughput and peak memory vs skopeo copy (TESSERA_BENCH_CONVERT_MB, default 2048).
+bench-convert:
+	$(CARGO) build --release -p tessera-agent --bin tessera
+	bash benches/convert.sh
+
 fuzz:
 	bash rafs-format/fuzz/run.sh
+	bash agent/fuzz/run.sh

@@ -9,6 +9,7 @@
 
 pub mod convert;
 mod error;
+pub mod fuzzing;
 pub mod registry;
 
 pub use error::{Error, Result};

@@ -123,13 +123,13 @@ pub struct RegistryClient {
 
 /// The parts of a `WWW-Authenticate` challenge a client needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Challenge {
+pub struct Challenge {
     pub scheme: String,
     pub params: HashMap<String, String>,
 }
 
 /// Parses `Bearer realm="…",service="…",scope="…"` (or `Basic realm="…"`).
-pub(crate) fn parse_challenge(header: &str) -> Option<Challenge> {
+pub fn parse_challenge(header: &str) -> Option<Challenge> {
     let header = header.trim();
     let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
     let mut params = HashMap::new();

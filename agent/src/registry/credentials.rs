@@ -110,18 +110,27 @@ fn registry_of_key(key: &str) -> String {
 impl DockerConfig {
     /// Reads a `config.json`; a missing file is an empty config (no credentials).
     pub fn load(path: &Path) -> Result<Self> {
-        let bad = |reason: String| Error::Config {
-            path: path.to_path_buf(),
-            reason,
-        };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
             Err(e) => return Err(Error::io("read credentials file", path, e)),
         };
-        // serde's message names the line and column, never the value.
-        let mut config: DockerConfig =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not a docker config: {e}")))?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses a `config.json`'s text; `path` names it in errors.
+    pub(crate) fn parse(text: &str, path: &Path) -> Result<Self> {
+        // Only where, not serde's message: for a value of the wrong type it quotes the
+        // value, which may be a password.
+        let mut config: DockerConfig = serde_json::from_str(text).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            reason: format!(
+                "not a docker config: {:?} error at line {} column {}",
+                e.classify(),
+                e.line(),
+                e.column()
+            ),
+        })?;
         config.path = path.to_path_buf();
         Ok(config)
     }
@@ -144,6 +153,15 @@ impl DockerConfig {
                 return Ok(Some(c));
             }
         }
+        self.stored_credential(registry)
+    }
+
+    /// The credential stored in the `auths` entry for `registry`.
+    pub(crate) fn stored_credential(&self, registry: &str) -> Result<Option<Credential>> {
+        let bad = |reason: String| Error::Config {
+            path: self.path.clone(),
+            reason: format!("credentials for {registry}: {reason}"),
+        };
         let Some(entry) = self
             .auths
             .iter()
@@ -184,6 +202,17 @@ impl DockerConfig {
 /// means the secret is an identity token. A helper that knows no credential for the
 /// registry fails with "credentials not found"; that is `None`, not an error.
 fn run_helper(helper: &str, registry: &str) -> Result<Option<Credential>, String> {
+    // A helper is a name, never a path: `docker-credential-../x` must not run `x`.
+    if helper.is_empty()
+        || !helper
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        || helper.contains("..")
+    {
+        return Err(format!(
+            "credential helper name {helper:?} is not a plain name"
+        ));
+    }
     let program = format!("docker-credential-{helper}");
     let server = if registry == DOCKER_HUB {
         "https://index.docker.io/v1/"
@@ -305,6 +334,10 @@ mod tests {
             "{e}"
         );
 
+        std::fs::write(&path, r#"{"auths": {"r": "hunter2"}}"#).unwrap();
+        let e = DockerConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1") && !e.contains("hunter2"), "{e}");
+
         let missing = DockerConfig::load(&dir.path().join("absent.json")).unwrap();
         assert!(missing.credential("r").unwrap().is_none());
     }
@@ -324,6 +357,13 @@ mod tests {
         std::fs::write(&path, "[registry]\ninsecur = []\n").unwrap();
         let e = load_registry_config(&path).unwrap_err().to_string();
         assert!(e.contains("insecur"), "{e}");
+    }
+
+    #[test]
+    fn helpers_are_names_not_paths() {
+        let c = config(r#"{"credsStore": "../../bin/true"}"#);
+        let e = c.credential("r.example").unwrap_err().to_string();
+        assert!(e.contains("not a plain name"), "{e}");
     }
 
     #[test]

@@ -74,7 +74,7 @@ fn is_index(m: &Manifest) -> bool {
     serde_json::from_slice::<Probe>(&m.bytes).is_ok_and(|p| p.manifests.is_some())
 }
 
-fn platform_of(d: &Descriptor) -> Option<Platform> {
+pub(crate) fn platform_of(d: &Descriptor) -> Option<Platform> {
     d.platform().as_ref().map(|p| Platform {
         os: p.os().to_string(),
         architecture: p.architecture().to_string(),
@@ -92,33 +92,51 @@ fn parse_image(r: &Reference, m: &Manifest) -> Result<ImageManifest> {
     })
 }
 
+/// What a manifest document is.
+#[derive(Debug)]
+pub(crate) enum Document {
+    Image(Box<ImageManifest>),
+    Index(Box<ImageIndex>),
+}
+
+/// Parses a verified manifest document as an image manifest or an index.
+pub(crate) fn parse_document(r: &Reference, m: &Manifest) -> Result<Document> {
+    if !is_index(m) {
+        return parse_image(r, m).map(|i| Document::Image(Box::new(i)));
+    }
+    serde_json::from_slice(&m.bytes)
+        .map(|i| Document::Index(Box::new(i)))
+        .map_err(|e| {
+            protocol(
+                r,
+                &format!("index {}", m.digest),
+                format!("not an image index: {e}"),
+            )
+        })
+}
+
 /// Resolves `r` to every platform image it names (attestation entries, platform
 /// `unknown/unknown`, are not images and are left out), or to the one image it is.
 pub async fn resolve(client: &RegistryClient, r: &Reference) -> Result<Resolved> {
     let top = client.manifest(r).await?;
-    if !is_index(&top) {
-        let manifest = parse_image(r, &top)?;
-        let reference = Reference {
-            digest: Some(top.digest.clone()),
-            ..r.clone()
-        };
-        return Ok(Resolved {
-            index: None,
-            images: vec![PlatformImage {
-                reference,
-                manifest,
-                raw: top,
-                platform: None,
-            }],
-        });
-    }
-    let index: ImageIndex = serde_json::from_slice(&top.bytes).map_err(|e| {
-        protocol(
-            r,
-            &format!("index {}", top.digest),
-            format!("not an image index: {e}"),
-        )
-    })?;
+    let index = match parse_document(r, &top)? {
+        Document::Image(manifest) => {
+            let reference = Reference {
+                digest: Some(top.digest.clone()),
+                ..r.clone()
+            };
+            return Ok(Resolved {
+                index: None,
+                images: vec![PlatformImage {
+                    reference,
+                    manifest: *manifest,
+                    raw: top,
+                    platform: None,
+                }],
+            });
+        }
+        Document::Index(index) => index,
+    };
     let mut images = Vec::new();
     for d in index.manifests() {
         let platform = platform_of(d);
@@ -131,7 +149,7 @@ pub async fn resolve(client: &RegistryClient, r: &Reference) -> Result<Resolved>
             ..r.clone()
         };
         let raw = client.manifest(&reference).await?;
-        if is_index(&raw) {
+        let Document::Image(manifest) = parse_document(&reference, &raw)? else {
             return Err(protocol(
                 r,
                 &format!("index {}", top.digest),
@@ -140,9 +158,9 @@ pub async fn resolve(client: &RegistryClient, r: &Reference) -> Result<Resolved>
                     raw.digest
                 ),
             ));
-        }
+        };
         images.push(PlatformImage {
-            manifest: parse_image(&reference, &raw)?,
+            manifest: *manifest,
             reference,
             raw,
             platform,
