@@ -316,3 +316,50 @@ fn pushes_chunked_monolithic_existing_and_mounted_blobs() {
         assert_eq!((fetched.digest, fetched.bytes), (pushed, manifest));
     });
 }
+
+/// Registries often answer blob GETs with a redirect to a storage backend (S3, a CDN):
+/// followed, with the Range header kept, for whole blobs and for ranges.
+#[test]
+fn blob_reads_follow_redirects_to_storage() {
+    let client = RegistryClient::new(ClientOptions::default()).unwrap();
+    let rt = runtime();
+    let whole: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&whole)));
+    let redirect = (
+        307,
+        vec![(
+            "Location",
+            "http://{addr}/storage/blob?signature=x".to_string(),
+        )],
+        Vec::new(),
+    );
+    let (addr, server) = scripted_server(vec![
+        redirect.clone(),
+        (
+            206,
+            vec![("Content-Range", "bytes 10-19/1000".into())],
+            whole[10..20].to_vec(),
+        ),
+        redirect,
+        (200, vec![], whole.clone()),
+    ]);
+    let r = Reference::parse(&format!("{addr}/a/b:t")).unwrap();
+    let part = rt.block_on(client.blob_range(&r, &digest, 10..20)).unwrap();
+    assert_eq!(part, whole[10..20]);
+    let mut body = Vec::new();
+    rt.block_on(client.blob(&r, &digest, &mut body)).unwrap();
+    assert!(body == whole);
+    let requests = server.join().unwrap();
+    assert!(
+        requests[1].starts_with("GET /storage/blob?signature=x"),
+        "{}",
+        requests[1]
+    );
+    assert!(
+        requests[1]
+            .to_ascii_lowercase()
+            .contains("range: bytes=10-19"),
+        "{}",
+        requests[1]
+    );
+}
