@@ -18,7 +18,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::task::JoinSet;
 
-use crate::registry::client::{PushOutcome, RegistryClient};
+use crate::registry::client::{Manifest, PushOutcome, RegistryClient};
 use crate::registry::image::{
     self, PlatformImage, BLOB_ANNOTATION, BLOB_MEDIA_TYPE, BOOTSTRAP_ANNOTATION,
     BOOTSTRAP_DIGEST_ANNOTATION, BOOTSTRAP_MEDIA_TYPE, SOURCE_DIGEST_ANNOTATION,
@@ -177,12 +177,23 @@ impl std::fmt::Display for ConvertSummary {
     }
 }
 
-/// Bytes and time spent per phase, summed over platforms.
+/// Seconds spent per phase, summed over platforms.
 #[derive(Debug, Default)]
 struct Tally {
     pull: f64,
     build: f64,
     push: f64,
+}
+
+/// What every step of one conversion shares.
+struct Job<'a> {
+    src_client: &'a Arc<RegistryClient>,
+    dst_client: &'a Arc<RegistryClient>,
+    src: &'a Reference,
+    dst: &'a Reference,
+    opts: &'a ConvertOptions,
+    progress: &'a ConvertProgress,
+    tally: Mutex<Tally>,
 }
 
 /// Converts `src` and pushes the result as `dst` (a tag).
@@ -203,6 +214,15 @@ pub async fn convert(
                 .into(),
         });
     }
+    let job = Job {
+        src_client: &src_client,
+        dst_client: &dst_client,
+        src,
+        dst,
+        opts,
+        progress,
+        tally: Mutex::default(),
+    };
     progress.set_phase("resolve".into());
     let resolved = image::resolve(&src_client, src).await?;
     let images: Vec<&PlatformImage> = if opts.all_platforms {
@@ -210,88 +230,42 @@ pub async fn convert(
     } else {
         vec![resolved.pick(src, &opts.platform)?]
     };
-    let mut tally = Tally::default();
-    let mut summaries = Vec::new();
+    // Platform manifests of an index are pushed by digest; the index takes the tag.
     let multi = opts.all_platforms && resolved.index.is_some();
+    let target = if multi {
+        Reference {
+            tag: None,
+            ..dst.clone()
+        }
+    } else {
+        dst.clone()
+    };
+    let mut converted = Vec::new();
     for (n, source) in images.iter().enumerate() {
         let work = opts.work_dir.join(format!("image-{n}"));
         std::fs::create_dir_all(&work).map_err(|e| Error::io("create", &work, e))?;
-        // Platform manifests of an index are pushed by digest; the index takes the tag.
-        let target = if multi {
-            Reference {
-                tag: None,
-                ..dst.clone()
-            }
-        } else {
-            dst.clone()
-        };
-        let summary = convert_one(
-            &src_client,
-            &dst_client,
-            source,
-            src,
-            &target,
-            opts,
-            &work,
-            progress,
-            &mut tally,
-        )
-        .await?;
+        converted.push(job.convert_one(source, &target, &work).await?);
         std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove", &work, e))?;
-        summaries.push(summary);
     }
-    let (digest, media_type) = if multi {
-        progress.set_phase("push index".into());
-        let t = Instant::now();
-        let manifests: Vec<serde_json::Value> = summaries
-            .iter()
-            .zip(&images)
-            .map(|(s, source)| {
-                let mut d = json!({
-                    "mediaType": OCI_MANIFEST,
-                    "digest": s.summary.digest,
-                    "size": s.manifest_size,
-                });
-                if let Some(p) = &source.platform {
-                    let mut platform = json!({"os": p.os, "architecture": p.architecture});
-                    if let Some(v) = &p.variant {
-                        platform["variant"] = json!(v);
-                    }
-                    d["platform"] = platform;
-                }
-                d
-            })
-            .collect();
-        let mut index = json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_INDEX,
-            "manifests": manifests,
-        });
-        if let Some(top) = &resolved.index {
-            index["annotations"] = json!({
-                SOURCE_DIGEST_ANNOTATION: top.digest,
-                SOURCE_REF_ANNOTATION: src.to_string(),
-            });
+    let (digest, media_type) = match (&resolved.index, multi) {
+        (Some(index), true) => (job.push_index(index, &images, &converted).await?, OCI_INDEX),
+        _ => {
+            let one = converted.first().ok_or_else(|| Error::Protocol {
+                registry: src.registry.clone(),
+                repository: src.repository.clone(),
+                what: "resolve".into(),
+                reason: "the index lists no images".into(),
+            })?;
+            (one.summary.digest.clone(), OCI_MANIFEST)
         }
-        let bytes = serde_json::to_vec(&index).map_err(|e| internal(dst, e))?;
-        let digest = dst_client.push_manifest(dst, OCI_INDEX, bytes).await?;
-        tally.push += t.elapsed().as_secs_f64();
-        (digest, OCI_INDEX.to_string())
-    } else {
-        let s = summaries.first().ok_or_else(|| Error::Protocol {
-            registry: src.registry.clone(),
-            repository: src.repository.clone(),
-            what: "resolve".into(),
-            reason: "the index lists no images".into(),
-        })?;
-        (s.summary.digest.clone(), OCI_MANIFEST.to_string())
     };
-    let images: Vec<ImageSummary> = summaries.into_iter().map(|s| s.summary).collect();
+    let tally = job.tally.into_inner().unwrap_or_else(|p| p.into_inner());
+    let images: Vec<ImageSummary> = converted.into_iter().map(|c| c.summary).collect();
     Ok(ConvertSummary {
         source: src.to_string(),
         target: dst.to_string(),
         digest,
-        media_type,
+        media_type: media_type.to_string(),
         source_bytes: images.iter().map(|i| i.source_bytes).sum(),
         pushed_bytes: images.iter().map(|i| i.pushed_bytes).sum(),
         reused_bytes: images.iter().map(|i| i.reused_bytes).sum(),
@@ -318,65 +292,110 @@ struct Converted {
     manifest_size: u64,
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn convert_one(
-    src_client: &Arc<RegistryClient>,
-    dst_client: &Arc<RegistryClient>,
-    source: &PlatformImage,
-    src: &Reference,
-    dst: &Reference,
-    opts: &ConvertOptions,
-    work: &Path,
-    progress: &ConvertProgress,
-    tally: &mut Tally,
-) -> Result<Converted> {
-    let label = source
-        .platform
-        .as_ref()
-        .map_or_else(|| "image".to_string(), ToString::to_string);
-    if image::bootstrap_layer(source).is_ok() {
-        return Err(internal(
-            &source.reference,
-            "the source is already a Tessera image; convert its source instead",
-        ));
+/// A built image dir and where it came from.
+struct Built {
+    summary: BuildSummary,
+    image_dir: PathBuf,
+    /// The chunk dictionary's image, whose blobs the new image references.
+    dict: Option<PlatformImage>,
+}
+
+/// Bytes a push sent and bytes it found already there.
+#[derive(Debug, Default)]
+struct PushTally {
+    pushed: u64,
+    reused: u64,
+}
+
+impl PushTally {
+    fn count(&mut self, outcome: PushOutcome, size: u64) {
+        match outcome {
+            PushOutcome::Uploaded { bytes } => self.pushed += bytes,
+            PushOutcome::Existed | PushOutcome::Mounted => self.reused += size,
+        }
+    }
+}
+
+impl Job<'_> {
+    fn time(&self, phase: fn(&mut Tally) -> &mut f64, since: Instant) {
+        let mut tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
+        *phase(&mut tally) += since.elapsed().as_secs_f64();
     }
 
-    // Pull: config and layers, each verified against its digest.
-    progress.set_phase(format!("pull {label}"));
-    let t = Instant::now();
-    let config = pull_config(src_client, source).await?;
-    let layers = pull_layers(src_client, source, work, progress).await?;
-    let source_bytes: u64 = source.manifest.layers().iter().map(|l| l.size()).sum();
-    tally.pull += t.elapsed().as_secs_f64();
-
-    // Build, with the chunk dictionary's bootstrap if asked.
-    let mut build_opts = opts.build.clone();
-    build_opts.progress = Some(progress.build.clone());
-    let mut dict_image = None;
-    if let Some(dict_ref) = &opts.chunk_dict {
-        progress.set_phase(format!("fetch chunk dictionary {dict_ref}"));
-        let platform = source
+    /// Pull, build and push one platform's image; its manifest goes to `target`.
+    async fn convert_one(
+        &self,
+        source: &PlatformImage,
+        target: &Reference,
+        work: &Path,
+    ) -> Result<Converted> {
+        let label = source
             .platform
-            .clone()
-            .unwrap_or_else(|| opts.platform.clone());
-        let dict = image::resolve_platform(dst_client, dict_ref, &platform).await?;
-        let dict_dir = work.join("dict");
-        std::fs::create_dir_all(&dict_dir).map_err(|e| Error::io("create", &dict_dir, e))?;
-        image::fetch_bootstrap(dst_client, &dict, &dict_dir).await?;
-        build_opts.chunk_dict = Some(ChunkDict {
-            image_dir: dict_dir,
-            link_blobs: false,
-        });
-        dict_image = Some(dict);
+            .as_ref()
+            .map_or_else(|| "image".to_string(), ToString::to_string);
+        if image::bootstrap_layer(source).is_ok() {
+            return Err(internal(
+                &source.reference,
+                "the source is already a Tessera image; convert its source instead",
+            ));
+        }
+        self.progress.set_phase(format!("pull {label}"));
+        let t = Instant::now();
+        let config = pull_config(self.src_client, source).await?;
+        let layers = pull_layers(self.src_client, source, work, self.progress).await?;
+        self.time(|t| &mut t.pull, t);
+
+        let built = self.build(source, layers, work, &label).await?;
+
+        self.progress.set_phase(format!("push {label}"));
+        let t = Instant::now();
+        let converted = self.push(source, target, &config, &built, work).await?;
+        self.time(|t| &mut t.push, t);
+        tracing::info!(
+            platform = %label,
+            digest = %converted.summary.digest,
+            pushed = converted.summary.pushed_bytes,
+            reused = converted.summary.reused_bytes,
+            "converted"
+        );
+        Ok(converted)
     }
-    progress.set_phase(format!("build {label}"));
-    let t = Instant::now();
-    let image_dir = work.join("image");
-    let build = {
-        let image_dir = image_dir.clone();
-        let layers = layers.clone();
-        tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
-            let mut builder = Builder::new(&image_dir, build_opts)?;
+
+    /// Builds the layers (deleting each once applied) into `work/image`, against the
+    /// chunk dictionary's bootstrap if one was asked for.
+    async fn build(
+        &self,
+        source: &PlatformImage,
+        layers: Vec<PathBuf>,
+        work: &Path,
+        label: &str,
+    ) -> Result<Built> {
+        let mut opts = self.opts.build.clone();
+        opts.progress = Some(self.progress.build.clone());
+        let mut dict = None;
+        if let Some(dict_ref) = &self.opts.chunk_dict {
+            self.progress
+                .set_phase(format!("fetch chunk dictionary {dict_ref}"));
+            let platform = source
+                .platform
+                .clone()
+                .unwrap_or_else(|| self.opts.platform.clone());
+            let dict_image = image::resolve_platform(self.dst_client, dict_ref, &platform).await?;
+            let dict_dir = work.join("dict");
+            std::fs::create_dir_all(&dict_dir).map_err(|e| Error::io("create", &dict_dir, e))?;
+            image::fetch_bootstrap(self.dst_client, &dict_image, &dict_dir).await?;
+            opts.chunk_dict = Some(ChunkDict {
+                image_dir: dict_dir,
+                link_blobs: false,
+            });
+            dict = Some(dict_image);
+        }
+        self.progress.set_phase(format!("build {label}"));
+        let t = Instant::now();
+        let image_dir = work.join("image");
+        let out = image_dir.clone();
+        let summary = tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
+            let mut builder = Builder::new(&out, opts)?;
             for layer in &layers {
                 let f = std::fs::File::open(layer)
                     .map_err(|e| rafs_format::Error::io("open layer", layer, e))?;
@@ -387,136 +406,173 @@ async fn convert_one(
             builder.finish()
         })
         .await
-        .map_err(|e| internal(dst, format!("build task: {e}")))??
-    };
-    tally.build += t.elapsed().as_secs_f64();
-
-    // Push: blobs, bootstrap, config, and the manifest last.
-    progress.set_phase(format!("push {label}"));
-    let t = Instant::now();
-    let mut pushed = 0u64;
-    let mut reused = 0u64;
-    let count = |outcome: PushOutcome, size: u64, pushed: &mut u64, reused: &mut u64| match outcome
-    {
-        PushOutcome::Uploaded { bytes } => *pushed += bytes,
-        PushOutcome::Existed | PushOutcome::Mounted => *reused += size,
-    };
-    let bootstrap_file = image_dir.join("bootstrap");
-    let bootstrap_zst = work.join("bootstrap.zst");
-    compress_file(&bootstrap_file, &bootstrap_zst)?;
-    let (bootstrap_layer_digest, bootstrap_layer_size) = sha256_file(&bootstrap_zst)?;
-    let config = rewrite_config(&config, &build, dst)?;
-    let config_path = work.join("config.json");
-    std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
-    let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
-    let new_blob = build.new_blob.as_ref().map(|b| b.digest.clone());
-    progress.push_total.fetch_add(
-        build.new_blob.as_ref().map_or(0, |b| b.size) + bootstrap_layer_size + config.len() as u64,
-        Ordering::Relaxed,
-    );
-    let on_progress = |n: u64| {
-        progress.pushed.fetch_add(n, Ordering::Relaxed);
-    };
-    for blob in &build.blobs {
-        if Some(&blob.digest) == new_blob.as_ref() {
-            let path = image_dir.join("blobs").join(hex_of(&blob.digest));
-            let outcome = dst_client
-                .push_blob(dst, &blob.digest, blob.size, &path, None, &on_progress)
-                .await?;
-            count(outcome, blob.size, &mut pushed, &mut reused);
-        } else {
-            let dict = dict_image.as_ref().ok_or_else(|| {
-                internal(
-                    dst,
-                    format!(
-                        "blob {} is neither new nor from the chunk dictionary",
-                        blob.digest
-                    ),
-                )
-            })?;
-            let (outcome, size) =
-                copy_dict_blob(dst_client, dict, dst, &blob.digest, blob.size, work).await?;
-            count(outcome, size, &mut pushed, &mut reused);
-        }
-    }
-    let outcome = dst_client
-        .push_blob(
-            dst,
-            &bootstrap_layer_digest,
-            bootstrap_layer_size,
-            &bootstrap_zst,
-            None,
-            &on_progress,
-        )
-        .await?;
-    count(outcome, bootstrap_layer_size, &mut pushed, &mut reused);
-    let outcome = dst_client
-        .push_blob(
-            dst,
-            &config_digest,
-            config.len() as u64,
-            &config_path,
-            None,
-            &on_progress,
-        )
-        .await?;
-    count(outcome, config.len() as u64, &mut pushed, &mut reused);
-
-    let mut layers_json: Vec<serde_json::Value> = build
-        .blobs
-        .iter()
-        .map(|b| {
-            json!({
-                "mediaType": BLOB_MEDIA_TYPE,
-                "digest": b.digest,
-                "size": b.size,
-                "annotations": { BLOB_ANNOTATION: "true" },
-            })
+        .map_err(|e| internal(self.dst, format!("build task: {e}")))??;
+        self.time(|t| &mut t.build, t);
+        Ok(Built {
+            summary,
+            image_dir,
+            dict,
         })
-        .collect();
-    layers_json.push(json!({
-        "mediaType": BOOTSTRAP_MEDIA_TYPE,
-        "digest": bootstrap_layer_digest,
-        "size": bootstrap_layer_size,
-        "annotations": {
-            BOOTSTRAP_ANNOTATION: "true",
-            BOOTSTRAP_DIGEST_ANNOTATION: build.bootstrap_digest,
-            SOURCE_DIGEST_ANNOTATION: source.raw.digest,
-        },
-    }));
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {
-            "mediaType": OCI_CONFIG,
-            "digest": config_digest,
-            "size": config.len(),
-        },
-        "layers": layers_json,
-        "annotations": {
-            SOURCE_DIGEST_ANNOTATION: source.raw.digest,
-            SOURCE_REF_ANNOTATION: src.to_string(),
-        },
-    });
-    let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(dst, e))?;
-    let manifest_size = manifest.len() as u64;
-    let digest = dst_client
-        .push_manifest(dst, OCI_MANIFEST, manifest)
-        .await?;
-    tally.push += t.elapsed().as_secs_f64();
-    tracing::info!(platform = %label, %digest, pushed, reused, "converted");
-    Ok(Converted {
-        summary: ImageSummary {
-            platform: source.platform.as_ref().map(ToString::to_string),
-            source_digest: source.raw.digest.clone(),
-            digest,
-            source_bytes,
-            pushed_bytes: pushed,
-            reused_bytes: reused,
-            build,
-        },
-        manifest_size,
-    })
+    }
+
+    /// Pushes the blobs, the bootstrap layer, the config and, last, the manifest.
+    async fn push(
+        &self,
+        source: &PlatformImage,
+        target: &Reference,
+        source_config: &[u8],
+        built: &Built,
+        work: &Path,
+    ) -> Result<Converted> {
+        let build = &built.summary;
+        let bootstrap_zst = work.join("bootstrap.zst");
+        compress_file(&built.image_dir.join("bootstrap"), &bootstrap_zst)?;
+        let (bootstrap_digest, bootstrap_size) = sha256_file(&bootstrap_zst)?;
+        let config = rewrite_config(source_config, build, target)?;
+        let config_path = work.join("config.json");
+        std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
+        let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
+        let config_size = config.len() as u64;
+        let new_blob = build.new_blob.as_ref();
+        self.progress.push_total.fetch_add(
+            new_blob.map_or(0, |b| b.size) + bootstrap_size + config_size,
+            Ordering::Relaxed,
+        );
+        let on_progress = |n: u64| {
+            self.progress.pushed.fetch_add(n, Ordering::Relaxed);
+        };
+        let client = self.dst_client;
+        let mut tally = PushTally::default();
+        for blob in &build.blobs {
+            if Some(&blob.digest) == new_blob.map(|b| &b.digest) {
+                let path = built.image_dir.join("blobs").join(hex_of(&blob.digest));
+                let outcome = client
+                    .push_blob(target, &blob.digest, blob.size, &path, None, &on_progress)
+                    .await?;
+                tally.count(outcome, blob.size);
+            } else {
+                let dict = built.dict.as_ref().ok_or_else(|| {
+                    internal(
+                        target,
+                        format!(
+                            "blob {} is neither new nor from the chunk dictionary",
+                            blob.digest
+                        ),
+                    )
+                })?;
+                let outcome =
+                    copy_dict_blob(client, dict, target, &blob.digest, blob.size, work).await?;
+                tally.count(outcome, blob.size);
+            }
+        }
+        for (digest, size, path) in [
+            (&bootstrap_digest, bootstrap_size, &bootstrap_zst),
+            (&config_digest, config_size, &config_path),
+        ] {
+            let outcome = client
+                .push_blob(target, digest, size, path, None, &on_progress)
+                .await?;
+            tally.count(outcome, size);
+        }
+
+        let mut layers: Vec<serde_json::Value> = build
+            .blobs
+            .iter()
+            .map(|b| {
+                json!({
+                    "mediaType": BLOB_MEDIA_TYPE,
+                    "digest": b.digest,
+                    "size": b.size,
+                    "annotations": { BLOB_ANNOTATION: "true" },
+                })
+            })
+            .collect();
+        layers.push(json!({
+            "mediaType": BOOTSTRAP_MEDIA_TYPE,
+            "digest": bootstrap_digest,
+            "size": bootstrap_size,
+            "annotations": {
+                BOOTSTRAP_ANNOTATION: "true",
+                BOOTSTRAP_DIGEST_ANNOTATION: build.bootstrap_digest,
+                SOURCE_DIGEST_ANNOTATION: source.raw.digest,
+            },
+        }));
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {
+                "mediaType": OCI_CONFIG,
+                "digest": config_digest,
+                "size": config_size,
+            },
+            "layers": layers,
+            "annotations": {
+                SOURCE_DIGEST_ANNOTATION: source.raw.digest,
+                SOURCE_REF_ANNOTATION: self.src.to_string(),
+            },
+        });
+        let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(target, e))?;
+        let manifest_size = manifest.len() as u64;
+        let digest = client.push_manifest(target, OCI_MANIFEST, manifest).await?;
+        Ok(Converted {
+            summary: ImageSummary {
+                platform: source.platform.as_ref().map(ToString::to_string),
+                source_digest: source.raw.digest.clone(),
+                digest,
+                source_bytes: source.manifest.layers().iter().map(|l| l.size()).sum(),
+                pushed_bytes: tally.pushed,
+                reused_bytes: tally.reused,
+                build: build.clone(),
+            },
+            manifest_size,
+        })
+    }
+
+    /// Pushes the index naming every converted platform manifest under the tag.
+    async fn push_index(
+        &self,
+        source_index: &Manifest,
+        images: &[&PlatformImage],
+        converted: &[Converted],
+    ) -> Result<String> {
+        self.progress.set_phase("push index".into());
+        let t = Instant::now();
+        let manifests: Vec<serde_json::Value> = converted
+            .iter()
+            .zip(images)
+            .map(|(c, source)| {
+                let mut entry = json!({
+                    "mediaType": OCI_MANIFEST,
+                    "digest": c.summary.digest,
+                    "size": c.manifest_size,
+                });
+                if let Some(p) = &source.platform {
+                    let mut platform = json!({"os": p.os, "architecture": p.architecture});
+                    if let Some(v) = &p.variant {
+                        platform["variant"] = json!(v);
+                    }
+                    entry["platform"] = platform;
+                }
+                entry
+            })
+            .collect();
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_INDEX,
+            "manifests": manifests,
+            "annotations": {
+                SOURCE_DIGEST_ANNOTATION: source_index.digest,
+                SOURCE_REF_ANNOTATION: self.src.to_string(),
+            },
+        });
+        let bytes = serde_json::to_vec(&index).map_err(|e| internal(self.dst, e))?;
+        let digest = self
+            .dst_client
+            .push_manifest(self.dst, OCI_INDEX, bytes)
+            .await?;
+        self.time(|t| &mut t.push, t);
+        Ok(digest)
+    }
 }
 
 fn hex_of(digest: &str) -> &str {
@@ -608,13 +664,13 @@ async fn copy_dict_blob(
     digest: &str,
     size: u64,
     work: &Path,
-) -> Result<(PushOutcome, u64)> {
+) -> Result<PushOutcome> {
     if dict.reference.registry == dst.registry
         && client
             .mount_blob(dst, digest, &dict.reference.repository)
             .await?
     {
-        return Ok((PushOutcome::Mounted, size));
+        return Ok(PushOutcome::Mounted);
     }
     let path = work.join(format!("dict-{}", hex_of(digest)));
     let mut f = tokio::fs::File::create(&path)
@@ -626,7 +682,7 @@ async fn copy_dict_blob(
         .push_blob(dst, digest, size, &path, None, &|_| {})
         .await?;
     std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
-    Ok((outcome, size))
+    Ok(outcome)
 }
 
 /// The source config with `rootfs.diff_ids` naming the new layers (uncompressed
