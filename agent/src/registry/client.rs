@@ -692,18 +692,28 @@ impl RegistryClient {
     /// repository without sending its bytes: `true` if `r` has it afterwards. A
     /// registry that cannot mount opens an upload session instead; it is cancelled.
     pub async fn mount_blob(&self, r: &Reference, digest: &str, from: &str) -> Result<bool, Error> {
-        let scope = Request::push_scope(r, Some(from));
-        if self.head_blob(r, digest, scope.clone()).await?.is_some() {
+        let blob = BlobTarget {
+            r,
+            digest,
+            scope: Request::push_scope(r, Some(from)),
+            what: format!("mount blob {digest} from {from}"),
+        };
+        if self
+            .head_blob(r, digest, blob.scope.clone())
+            .await?
+            .is_some()
+        {
             return Ok(true);
         }
-        let what = format!("mount blob {digest} from {from}");
-        let no_progress = |_| {};
-        match self
-            .upload(r, digest, 0, None, Some(from), &scope, &what, &no_progress)
-            .await?
-        {
-            PushOutcome::Mounted | PushOutcome::Existed => Ok(true),
-            PushOutcome::Uploaded { .. } => Ok(false),
+        match self.start_upload(&blob, Some(from)).await? {
+            UploadStart::Mounted => Ok(true),
+            UploadStart::Session(location) => {
+                // Give the session back (best effort; the registry expires it anyway).
+                let req = Request::pull(r, Method::DELETE, location.to_string(), &blob.what)
+                    .scope(blob.scope.clone());
+                let _ = self.send(r, req).await;
+                Ok(false)
+            }
         }
     }
 
@@ -723,66 +733,77 @@ impl RegistryClient {
         mount_from: Option<&str>,
         progress: &(dyn Fn(u64) + Sync),
     ) -> Result<PushOutcome, Error> {
-        let scope = Request::push_scope(r, mount_from);
-        if self.head_blob(r, digest, scope.clone()).await?.is_some() {
+        let blob = BlobTarget {
+            r,
+            digest,
+            scope: Request::push_scope(r, mount_from),
+            what: format!("push blob {digest}"),
+        };
+        if self
+            .head_blob(r, digest, blob.scope.clone())
+            .await?
+            .is_some()
+        {
             return Ok(PushOutcome::Existed);
         }
-        let path = Some(path);
-        let what = format!("push blob {digest}");
         let mut attempt = 0;
         loop {
-            match self
-                .upload(r, digest, size, path, mount_from, &scope, &what, progress)
-                .await
-            {
+            let result = match self.start_upload(&blob, mount_from).await {
+                Ok(UploadStart::Mounted) => return Ok(PushOutcome::Mounted),
+                Ok(UploadStart::Session(location)) => {
+                    self.upload(&blob, location, size, path, progress).await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
                 Err(e) if attempt < self.opts.retries && upload_retriable(&e) => {
                     tracing::debug!(error = %e, attempt, "upload failed; starting over");
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt, None)).await;
                 }
-                result => return result,
+                Ok(()) => return Ok(PushOutcome::Uploaded { bytes: size }),
+                Err(e) => return Err(e),
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn upload(
+    /// Opens an upload session, or mounts the blob from `mount_from` if the registry can.
+    async fn start_upload(
         &self,
-        r: &Reference,
-        digest: &str,
-        size: u64,
-        path: Option<&Path>,
+        blob: &BlobTarget<'_>,
         mount_from: Option<&str>,
-        scope: &str,
-        what: &str,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<PushOutcome, Error> {
-        let err = self.error(r, what);
+    ) -> Result<UploadStart, Error> {
+        let (r, what) = (blob.r, blob.what.as_str());
         let mut start = reqwest::Url::parse(&self.url(r, "blobs/uploads/"))
-            .map_err(|e| err(format!("bad URL: {e}")))?;
+            .map_err(|e| self.error(r, what)(format!("bad URL: {e}")))?;
         if let Some(from) = mount_from.filter(|from| *from != r.repository) {
             start
                 .query_pairs_mut()
-                .append_pair("mount", digest)
+                .append_pair("mount", blob.digest)
                 .append_pair("from", from);
         }
         let req = Request::pull(r, Method::POST, start.to_string(), what)
-            .scope(scope.to_string())
+            .scope(blob.scope.clone())
             .body(Bytes::new());
         let resp = self.send(r, req).await?;
-        let mut location = match resp.status() {
-            StatusCode::CREATED if mount_from.is_some() => return Ok(PushOutcome::Mounted),
-            StatusCode::ACCEPTED => self.location(r, &resp, what)?,
-            s => return Err(Self::status_error(r, what, s)),
-        };
-        let Some(path) = path else {
-            // Only a mount was asked for: give the session back (best effort; the
-            // registry expires it anyway) and say nothing was sent.
-            let req = Request::pull(r, Method::DELETE, location.to_string(), what)
-                .scope(scope.to_string());
-            let _ = self.send(r, req).await;
-            return Ok(PushOutcome::Uploaded { bytes: 0 });
-        };
+        match resp.status() {
+            StatusCode::CREATED if mount_from.is_some() => Ok(UploadStart::Mounted),
+            StatusCode::ACCEPTED => Ok(UploadStart::Session(self.location(r, &resp, what)?)),
+            s => Err(Self::status_error(r, what, s)),
+        }
+    }
+
+    /// Sends the file's bytes into an upload session and commits it under the digest.
+    async fn upload(
+        &self,
+        blob: &BlobTarget<'_>,
+        mut location: reqwest::Url,
+        size: u64,
+        path: &Path,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(), Error> {
+        let (r, what) = (blob.r, blob.what.as_str());
+        let err = self.error(r, what);
         let mut file = tokio::fs::File::open(path)
             .await
             .map_err(|e| err(format!("open {}: {e}", path.display())))?;
@@ -809,7 +830,7 @@ impl RegistryClient {
                     HeaderValue::from_str(&range).map_err(|_| err("bad range".into()))?,
                 );
                 let req = Request::pull(r, Method::PATCH, location.to_string(), what)
-                    .scope(scope.to_string())
+                    .scope(blob.scope.clone())
                     .headers(headers)
                     .body(Bytes::from(data));
                 let resp = self.send(r, req).await?;
@@ -823,14 +844,16 @@ impl RegistryClient {
             Bytes::new()
         };
         let final_len = final_body.len() as u64;
-        location.query_pairs_mut().append_pair("digest", digest);
+        location
+            .query_pairs_mut()
+            .append_pair("digest", blob.digest);
         let mut headers = HeaderMap::new();
         headers.insert(
             CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         );
         let req = Request::pull(r, Method::PUT, location.to_string(), what)
-            .scope(scope.to_string())
+            .scope(blob.scope.clone())
             .headers(headers)
             .body(final_body);
         let resp = self.send(r, req).await?;
@@ -838,7 +861,7 @@ impl RegistryClient {
             return Err(Self::status_error(r, what, resp.status()));
         }
         progress(final_len);
-        Ok(PushOutcome::Uploaded { bytes: size })
+        Ok(())
     }
 
     /// The upload URL a registry answered with (`Location` may be relative).
@@ -899,6 +922,22 @@ pub enum PushOutcome {
     Uploaded {
         bytes: u64,
     },
+}
+
+/// The blob an upload or mount is about, with the token scope and the name errors use.
+struct BlobTarget<'a> {
+    r: &'a Reference,
+    digest: &'a str,
+    scope: String,
+    what: String,
+}
+
+/// How a registry answered the start of an upload.
+enum UploadStart {
+    /// It linked the blob from the other repository: nothing to send.
+    Mounted,
+    /// An upload session, at this URL.
+    Session(reqwest::Url),
 }
 
 /// Whether starting an upload over may help: connection trouble and server errors,
