@@ -638,3 +638,37 @@ fn conversion_recovers_from_faults_and_never_half_writes_the_target() {
         "{e}"
     );
 }
+
+/// A source pushed as a Docker schema 2 manifest (`skopeo --format v2s2`, gzip layers
+/// with Docker media types) converts like an OCI one.
+#[test]
+fn docker_schema2_sources_convert() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let layout = three_layer_image(t.path());
+    let registry = Registry::start();
+    let src = format!("{}/src/docker:v1", registry.addr);
+    oci::run(
+        std::process::Command::new("skopeo")
+            .args([
+                "--insecure-policy",
+                "copy",
+                "--format",
+                "v2s2",
+                "--dest-tls-verify=false",
+            ])
+            .arg(format!("oci:{}:{}", layout.display(), oci::TAG))
+            .arg(format!("docker://{src}")),
+    );
+    let (source, _) = get_manifest(&src);
+    assert_eq!(
+        source["mediaType"],
+        "application/vnd.docker.distribution.manifest.v2+json"
+    );
+    let dst = format!("{}/tessera/docker:v1", registry.addr);
+    convert(&home, &src, &dst, &[]);
+    let out = t.path().join("out");
+    ok(&home, &["unpack", "--ref", &dst, "--to", s(&out)]);
+    let reference = oci::umoci_unpack_rootfs(&layout, oci::TAG, &t.path().join("ref"));
+    assert_trees_equal(&reference, &out, &CompareOptions::default());
+}
