@@ -61,6 +61,23 @@ pub enum Error {
         cause: std::io::Error,
     },
 
+    /// A chunk of a mounted image could not be had from any source.
+    #[error("image {image}: chunk {chunk} ({digest}): {reason}")]
+    Chunk {
+        image: String,
+        chunk: u32,
+        digest: String,
+        reason: String,
+    },
+
+    /// The agent daemon refused or failed a request (the message says what to do).
+    #[error("{0}")]
+    Agent(String),
+
+    /// The local chunk cache's index (sled) failed.
+    #[error("chunk cache: {reason}")]
+    Cache { reason: String },
+
     /// Building or reading the image format failed.
     #[error(transparent)]
     Format(#[from] rafs_format::Error),

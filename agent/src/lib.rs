@@ -7,8 +7,14 @@
 //!
 //! Errors: one [`Error`] enum for the crate; the binary wraps it in `anyhow`.
 
+pub mod api;
+pub mod cache;
+pub mod config;
 pub mod convert;
+pub mod daemon;
 mod error;
+pub mod fetch;
+pub mod fs;
 pub mod fuzzing;
 pub mod registry;
 

@@ -33,6 +33,14 @@ enum Command {
     Unpack(commands::image::UnpackArgs),
     /// Convert a registry image into a Tessera image and push it to a registry.
     Convert(Box<commands::convert::ConvertArgs>),
+    /// Run the node agent: lazy mounts, the chunk cache, the local API.
+    Agent(commands::agent::AgentArgs),
+    /// Mount an image through the agent (data is fetched as it is read).
+    Mount(commands::agent::MountArgs),
+    /// Unmount an image mounted through the agent.
+    Umount(commands::agent::UmountArgs),
+    /// Show the agent's mounts, cache and traffic.
+    Status(commands::agent::StatusArgs),
 }
 
 fn main() {
@@ -50,6 +58,10 @@ fn main() {
         Command::Check(args) => commands::image::check(args),
         Command::Unpack(args) => commands::image::unpack(args),
         Command::Convert(args) => commands::convert::convert(*args),
+        Command::Agent(args) => commands::agent::agent(args),
+        Command::Mount(args) => commands::agent::mount(args),
+        Command::Umount(args) => commands::agent::umount(args),
+        Command::Status(args) => commands::agent::status(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -1,5 +1,6 @@
 //! One module per group of subcommands.
 
+pub mod agent;
 pub mod convert;
 pub mod image;
 pub mod registry;

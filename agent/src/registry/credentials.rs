@@ -156,8 +156,22 @@ impl DockerConfig {
         self.stored_credential(registry)
     }
 
+    /// Every credential stored in `auths`, by registry (for the agent, which does not
+    /// know in advance which registries it will pull from). Credential helpers are
+    /// asked per registry by `credential` and are not included.
+    pub fn all_credentials(&self) -> Result<HashMap<String, Credential>> {
+        let mut out = HashMap::new();
+        for key in self.auths.keys() {
+            let registry = registry_of_key(key);
+            if let Some(c) = self.stored_credential(&registry)? {
+                out.insert(registry, c);
+            }
+        }
+        Ok(out)
+    }
+
     /// The credential stored in the `auths` entry for `registry`.
-    pub(crate) fn stored_credential(&self, registry: &str) -> Result<Option<Credential>> {
+    pub fn stored_credential(&self, registry: &str) -> Result<Option<Credential>> {
         let bad = |reason: String| Error::Config {
             path: self.path.clone(),
             reason: format!("credentials for {registry}: {reason}"),

@@ -111,7 +111,20 @@ pub struct Logged {
     pub range: Option<String>,
     /// The status sent to the client (the registry's, or the fault's).
     pub status: u16,
+    /// Body bytes the registry answered with (what a fault let through may be less).
+    pub body_bytes: u64,
     pub fault: Option<Fault>,
+}
+
+impl FaultProxy {
+    /// Body bytes of blob responses so far: the origin egress the tests bound.
+    pub fn blob_bytes(&self) -> u64 {
+        self.log()
+            .iter()
+            .filter(|l| l.target.contains("/blobs/"))
+            .map(|l| l.body_bytes)
+            .sum()
+    }
 }
 
 /// A running proxy on `127.0.0.1`; stops when dropped.
@@ -145,6 +158,11 @@ impl FaultProxy {
     /// Adds a rule after those already injected.
     pub fn inject(&self, rule: Rule) {
         lock(&self.state.rules).push((rule, 0));
+    }
+
+    /// Drops every rule: the proxy passes everything through again.
+    pub fn clear(&self) {
+        lock(&self.state.rules).clear();
     }
 
     /// Every request so far, in the order the proxy answered them. A request is logged
@@ -183,15 +201,17 @@ impl State {
             return Ok(());
         };
         let fault = self.pick(&req);
-        let log = |status: u16| {
+        let log_body = |status: u16, body_bytes: usize| {
             lock(&self.log).push(Logged {
                 method: req.method.clone(),
                 target: req.target.clone(),
                 range: req.header("range").map(String::from),
                 status,
+                body_bytes: body_bytes as u64,
                 fault: fault.clone(),
             });
         };
+        let log = |status: u16| log_body(status, 0);
         match &fault {
             Some(Fault::Status(status)) => {
                 log(*status);
@@ -218,7 +238,7 @@ impl State {
             }
             Some(Fault::ResetMidBody) => {
                 let upstream = self.forward(&req)?;
-                log(upstream.status);
+                log_body(upstream.status, upstream.body.len() / 2);
                 write_head(&mut client, &upstream)?;
                 client.write_all(&upstream.body[..upstream.body.len() / 2])?;
                 client.flush()?;
@@ -231,7 +251,7 @@ impl State {
             }
             Some(Fault::SlowBody { bytes_per_sec }) => {
                 let upstream = self.forward(&req)?;
-                log(upstream.status);
+                log_body(upstream.status, upstream.body.len());
                 write_head(&mut client, &upstream)?;
                 // Ten slices a second, so the rate is even at any scale.
                 let slice = (*bytes_per_sec / 10).max(1) as usize;
@@ -244,7 +264,7 @@ impl State {
             }
             None => {
                 let upstream = self.forward(&req)?;
-                log(upstream.status);
+                log_body(upstream.status, upstream.body.len());
                 write_head(&mut client, &upstream)?;
                 client.write_all(&upstream.body)?;
                 client.flush()

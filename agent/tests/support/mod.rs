@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod fault_proxy;
 pub mod fstree;
 pub mod http;

@@ -134,6 +134,11 @@ impl Registry {
         );
     }
 
+    /// The registry's storage (`docker/registry/v2/…`): tests corrupt blobs here.
+    pub fn storage_dir(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
     /// The registry's own log so far (it logs to stderr).
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.err")).unwrap_or_default()

@@ -24,6 +24,16 @@ pub fn open_validated(image_dir: &Path) -> Result<Bootstrap> {
     Ok(b)
 }
 
+/// Calls `visit` with every directory entry's path (bytes, no leading `/`), its inode,
+/// and whether this entry is the first naming the inode, depth-first in name order.
+/// The bootstrap must have been validated (`validate_all`).
+pub fn for_each_entry(b: &Bootstrap, mut visit: impl FnMut(&[u8], &Inode, bool)) -> Result<()> {
+    walk(b, |path, inode, first| {
+        visit(path, inode, first);
+        Ok(())
+    })
+}
+
 /// Visits every directory entry depth-first (pre-order) in name order, with its path
 /// (bytes, no leading `/`), its inode, and whether this entry is the first naming the
 /// inode. Requires a validated bootstrap (which guarantees the walk ends).

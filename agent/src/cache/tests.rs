@@ -1,0 +1,309 @@
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Barrier};
+
+use super::*;
+
+const SIZE: usize = 4096;
+
+/// A chunk of `len` pseudo-random bytes drawn from `seed`, and its key.
+fn chunk(seed: u64, len: usize, algo: DigestAlgo) -> (ChunkKey, Vec<u8>) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let key = ChunkKey {
+        algo,
+        digest: algo.digest(&data),
+    };
+    (key, data)
+}
+
+fn chunks(n: u64) -> Vec<(ChunkKey, Vec<u8>)> {
+    (0..n).map(|i| chunk(i, SIZE, DigestAlgo::Sha256)).collect()
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (path, is_dir) in list(dir).unwrap() {
+        if is_dir {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Index, counters and files agree: every entry has one LRU record and a file of its
+/// size, the counters match the entries, no other file exists.
+fn assert_consistent(cache: &ChunkCache) {
+    let mut bytes = 0;
+    let mut paths = Vec::new();
+    for record in cache.index.scan_prefix([ENTRY_PREFIX]) {
+        let (k, v) = record.unwrap();
+        let key = layout::decode_entry_key(&k).unwrap();
+        let entry = Entry::decode(&v).unwrap();
+        assert!(cache.index.contains_key(lru_key(entry.seq, &key)).unwrap());
+        let path = chunk_path(&cache.data_dir, &key);
+        assert_eq!(fs::metadata(&path).unwrap().len(), entry.size);
+        bytes += entry.size;
+        paths.push(path);
+    }
+    assert_eq!(cache.index.scan_prefix([LRU_PREFIX]).count(), paths.len());
+    let stats = cache.stats();
+    assert_eq!((stats.entries, stats.bytes), (paths.len() as u64, bytes));
+    let mut files = files_under(&cache.data_dir);
+    files.sort();
+    paths.sort();
+    assert_eq!(files, paths, "files on disk are exactly the indexed ones");
+}
+
+#[test]
+fn put_then_get_round_trips_for_both_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let (a, a_data) = chunk(1, SIZE, DigestAlgo::Sha256);
+    let (b, b_data) = chunk(2, 3 * SIZE + 5, DigestAlgo::Blake3);
+    assert_eq!(cache.get(&a).unwrap(), None);
+    assert!(!cache.contains(&a));
+    cache.put(&a, &a_data).unwrap();
+    cache.put(&b, &b_data).unwrap();
+    assert!(cache.contains(&a));
+    assert_eq!(cache.get(&a).unwrap(), Some(a_data));
+    assert_eq!(cache.get(&b).unwrap(), Some(b_data));
+    // Same digest bytes under the other algorithm are another chunk.
+    let other = ChunkKey {
+        algo: DigestAlgo::Blake3,
+        digest: a.digest,
+    };
+    assert_eq!(cache.get(&other).unwrap(), None);
+    let stats = cache.stats();
+    assert_eq!((stats.hits, stats.misses, stats.entries), (2, 2, 2));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn identical_chunk_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let (key, data) = chunk(7, SIZE, DigestAlgo::Sha256);
+    cache.put(&key, &data).unwrap();
+    cache.put(&key, &data).unwrap();
+    assert_eq!(cache.stats().entries, 1);
+    assert_eq!(cache.stats().bytes, SIZE as u64);
+    assert_consistent(&cache);
+}
+
+#[test]
+fn get_drops_a_corrupted_file_instead_of_serving_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let (key, data) = chunk(3, SIZE, DigestAlgo::Sha256);
+    cache.put(&key, &data).unwrap();
+    let mut bad = data.clone();
+    bad[100] ^= 1;
+    fs::write(chunk_path(&cache.data_dir, &key), &bad).unwrap();
+
+    assert_eq!(cache.get(&key).unwrap(), None);
+    assert!(!cache.contains(&key));
+    let stats = cache.stats();
+    assert_eq!((stats.verification_failures, stats.misses), (1, 1));
+    assert_eq!((stats.entries, stats.bytes), (0, 0));
+    assert_consistent(&cache);
+    // And it can be cached again.
+    cache.put(&key, &data).unwrap();
+    assert_eq!(cache.get(&key).unwrap(), Some(data));
+}
+
+#[test]
+fn entries_and_lru_order_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = chunks(4);
+    {
+        let cache = ChunkCache::open(dir.path(), 3 * SIZE as u64).unwrap();
+        for (key, data) in &all[..3] {
+            cache.put(key, data).unwrap();
+        }
+        cache.get(&all[0].0).unwrap().unwrap();
+    }
+    let cache = ChunkCache::open(dir.path(), 3 * SIZE as u64).unwrap();
+    assert_eq!(cache.stats().entries, 3);
+    assert_eq!(cache.stats().bytes, 3 * SIZE as u64);
+    assert_eq!(cache.get(&all[2].0).unwrap().as_ref(), Some(&all[2].1));
+    // Use order now 1, 0, 2: chunk 1 goes first.
+    cache.put(&all[3].0, &all[3].1).unwrap();
+    assert!(!cache.contains(&all[1].0));
+    assert!([0, 2, 3].iter().all(|&i| cache.contains(&all[i].0)));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn open_cleans_what_a_crash_left_and_never_serves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = chunks(5);
+    let data_dir = dir.path().join("data");
+    {
+        let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+        for (key, data) in &all[..4] {
+            cache.put(key, data).unwrap();
+        }
+    }
+    let path = |i: usize| chunk_path(&data_dir, &all[i].0);
+    // An index entry without its file.
+    fs::remove_file(path(0)).unwrap();
+    // A file cut short.
+    fs::write(path(1), &all[1].1[..SIZE / 2]).unwrap();
+    // A temp file from an interrupted put.
+    let tmp = shard_dir(&data_dir, &all[2].0).join(format!("{TMP_PREFIX}x1y2z3"));
+    fs::write(&tmp, b"partial").unwrap();
+    // A complete file renamed into place but never indexed.
+    fs::create_dir_all(shard_dir(&data_dir, &all[4].0)).unwrap();
+    fs::write(path(4), &all[4].1).unwrap();
+
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    assert_consistent(&cache);
+    assert!(!tmp.exists() && !path(4).exists());
+    assert_eq!(cache.stats().entries, 2);
+    assert_eq!(cache.stats().bytes, 2 * SIZE as u64);
+    for i in [0, 1, 4] {
+        assert!(!cache.contains(&all[i].0));
+        assert_eq!(cache.get(&all[i].0).unwrap(), None);
+    }
+    for i in [2, 3] {
+        assert_eq!(cache.get(&all[i].0).unwrap().as_ref(), Some(&all[i].1));
+    }
+}
+
+#[test]
+fn eviction_keeps_capacity_and_spares_the_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 4 * SIZE as u64).unwrap();
+    let all = chunks(8);
+    for (key, data) in &all[..4] {
+        cache.put(key, data).unwrap();
+    }
+    cache.get(&all[0].0).unwrap().unwrap();
+    for (key, data) in &all[4..6] {
+        cache.put(key, data).unwrap();
+        assert!(cache.stats().bytes <= cache.stats().capacity);
+    }
+    // Use order was 1, 2, 3, 0: chunks 1 and 2 went.
+    let kept: Vec<bool> = all[..6].iter().map(|(k, _)| cache.contains(k)).collect();
+    assert_eq!(kept, [true, false, false, true, true, true]);
+    assert_eq!(cache.stats().evictions, 2);
+    // A chunk larger than the whole cache is not stored (and evicts nothing).
+    let (big, big_data) = chunk(99, 5 * SIZE, DigestAlgo::Sha256);
+    cache.put(&big, &big_data).unwrap();
+    assert!(!cache.contains(&big));
+    assert_eq!(cache.stats().entries, 4);
+    assert_consistent(&cache);
+}
+
+#[test]
+fn pinned_chunks_are_not_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap();
+    let all = chunks(4);
+    cache.put(&all[0].0, &all[0].1).unwrap();
+    cache.put(&all[1].0, &all[1].1).unwrap();
+    {
+        let _pin = cache.pin(&all[0].0);
+        let _again = cache.pin(&all[0].0);
+        cache.put(&all[2].0, &all[2].1).unwrap();
+        assert!(
+            cache.contains(&all[0].0),
+            "pinned, although least recently used"
+        );
+        assert!(!cache.contains(&all[1].0));
+    }
+    // Unpinned, it is the oldest again.
+    cache.put(&all[3].0, &all[3].1).unwrap();
+    assert!(!cache.contains(&all[0].0));
+    assert!(cache.stripes.iter().all(|s| s.lock().unwrap().is_empty()));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn full_disk_evicts_and_retries_then_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let all = chunks(6);
+    for (key, data) in &all[..4] {
+        cache.put(key, data).unwrap();
+    }
+    cache.full_writes.store(1, Relaxed);
+    cache.put(&all[4].0, &all[4].1).unwrap();
+    assert!(cache.contains(&all[4].0));
+    // The first retry frees twice the chunk's size: the two oldest.
+    assert!(!cache.contains(&all[0].0) && !cache.contains(&all[1].0));
+    assert_eq!(cache.stats().evictions, 2);
+
+    cache.full_writes.store(FULL_RETRIES + 1, Relaxed);
+    let err = cache.put(&all[5].0, &all[5].1).unwrap_err();
+    assert!(
+        matches!(err, Error::Io { ref cause, .. } if is_disk_full(cause)),
+        "{err}"
+    );
+    assert!(!cache.contains(&all[5].0));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn concurrent_puts_of_one_chunk_store_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 1 << 20).unwrap());
+    let (key, data) = chunk(5, SIZE, DigestAlgo::Blake3);
+    let start = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (cache, start, data) = (cache.clone(), start.clone(), data.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                cache.put(&key, &data).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(cache.stats().entries, 1);
+    assert_eq!(cache.get(&key).unwrap(), Some(data));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn concurrent_gets_puts_and_pins_keep_the_cache_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for half the chunks, so eviction runs alongside everything else.
+    let cache = Arc::new(ChunkCache::open(dir.path(), 32 * SIZE as u64).unwrap());
+    let all = Arc::new(chunks(64));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (cache, all) = (cache.clone(), all.clone());
+            std::thread::spawn(move || {
+                for n in 0..300u64 {
+                    let (key, data) = &all[((t * 7 + n * 13) % 64) as usize];
+                    let _pin = (n % 5 == 0).then(|| cache.pin(key));
+                    match cache.get(key).unwrap() {
+                        Some(got) => assert_eq!(&got, data),
+                        None => cache.put(key, data).unwrap(),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let stats = cache.stats();
+    assert!(stats.bytes <= stats.capacity, "{stats:?}");
+    assert_eq!(stats.hits + stats.misses, 8 * 300);
+    assert!(stats.hits > 0 && stats.evictions > 0, "{stats:?}");
+    assert_eq!(stats.verification_failures, 0);
+    assert_consistent(&cache);
+}

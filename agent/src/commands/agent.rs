@@ -1,0 +1,255 @@
+//! `tessera agent` (the daemon) and its clients: `mount`, `umount`, `status`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use tessera_agent::api::{self, Request, Transport};
+use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
+use tessera_agent::daemon::{Agent, MountStatus, Status};
+use tessera_agent::registry::client::{ClientOptions, RegistryClient};
+use tessera_agent::registry::credentials::{default_auth_file, DockerConfig};
+
+use super::image::print_out;
+use super::registry::runtime;
+
+/// The daemon's flags: each overrides the same key of the config file.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Config file (TOML); every key has a default, so none is needed.
+    #[arg(long, env = "TESSERA_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The local API's unix socket.
+    #[arg(long, env = "TESSERA_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+    #[arg(long, env = "TESSERA_CACHE_DIR", value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Bytes the chunk cache may hold (`10G`, `512M`).
+    #[arg(long, env = "TESSERA_CACHE_CAPACITY", value_parser = parse_size, value_name = "SIZE")]
+    cache_capacity: Option<u64>,
+    /// Serve Prometheus metrics on `host:port` (`/metrics`).
+    #[arg(long, env = "TESSERA_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// Also serve the local API on TCP `host:port` (needs --api-token-file).
+    #[arg(long, env = "TESSERA_API_LISTEN", value_name = "ADDR")]
+    api_listen: Option<String>,
+    #[arg(long, env = "TESSERA_API_TOKEN_FILE", value_name = "FILE")]
+    api_token_file: Option<PathBuf>,
+    /// Background fetching after a mount.
+    #[arg(long, env = "TESSERA_PREFETCH", value_enum)]
+    prefetch: Option<Prefetch>,
+}
+
+impl AgentArgs {
+    fn config(&self) -> Result<AgentConfig> {
+        let mut c = match &self.config {
+            Some(path) => AgentConfig::load(path)?,
+            None => AgentConfig::default(),
+        };
+        if let Some(v) = &self.socket {
+            c.socket = v.clone();
+        }
+        if let Some(v) = &self.cache_dir {
+            c.cache_dir = v.clone();
+        }
+        if let Some(v) = self.cache_capacity {
+            c.cache_capacity = v;
+        }
+        if let Some(v) = &self.metrics_listen {
+            c.metrics_listen = Some(v.clone());
+        }
+        if let Some(v) = &self.api_listen {
+            c.api_listen = Some(v.clone());
+        }
+        if let Some(v) = &self.api_token_file {
+            c.api_token_file = Some(v.clone());
+        }
+        if let Some(v) = self.prefetch {
+            c.prefetch = v;
+        }
+        if let Err(problems) = c.validate() {
+            bail!("invalid configuration:\n  {}", problems.join("\n  "));
+        }
+        Ok(c)
+    }
+}
+
+/// The registry client of the node: its credentials stay in the agent.
+fn node_client(config: &AgentConfig) -> Result<Arc<RegistryClient>> {
+    let auth_file = config.registry.auth_file.clone().or_else(default_auth_file);
+    let docker = match &auth_file {
+        Some(p) => DockerConfig::load(p).context("read registry credentials")?,
+        None => DockerConfig::default(),
+    };
+    Ok(Arc::new(RegistryClient::new(ClientOptions {
+        plain_http: config.registry.insecure.clone(),
+        credentials: docker.all_credentials()?,
+        timeout: std::time::Duration::from_secs(config.fetch.timeout_secs),
+        retries: config.fetch.retries,
+        ..ClientOptions::default()
+    })?))
+}
+
+pub fn agent(args: AgentArgs) -> Result<()> {
+    let config = args.config()?;
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let client = node_client(&config)?;
+        let agent = Agent::start(config.clone(), client)?;
+        if let Some(dir) = config.socket.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        // A socket file left by a previous agent would make bind fail.
+        let _ = std::fs::remove_file(&config.socket);
+        let unix = tokio::net::UnixListener::bind(&config.socket)
+            .with_context(|| format!("listen on {}", config.socket.display()))?;
+        let mut servers = tokio::task::JoinSet::new();
+        {
+            let agent = agent.clone();
+            servers.spawn(async move {
+                loop {
+                    let Ok((stream, _)) = unix.accept().await else {
+                        continue;
+                    };
+                    tokio::spawn(api::serve_connection(
+                        agent.clone(),
+                        stream,
+                        Transport::Unix,
+                    ));
+                }
+            });
+        }
+        if let Some(addr) = &config.api_listen {
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listen on {addr}"))?;
+            let agent = agent.clone();
+            servers.spawn(async move {
+                loop {
+                    let Ok((stream, _)) = tcp.accept().await else {
+                        continue;
+                    };
+                    tokio::spawn(api::serve_connection(agent.clone(), stream, Transport::Tcp));
+                }
+            });
+        }
+        if let Some(addr) = &config.metrics_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listen on {addr}"))?;
+            let mut registry = prometheus_client::registry::Registry::default();
+            agent.register_metrics(&mut registry);
+            servers.spawn(tessera_agent::daemon::serve_metrics(
+                listener,
+                Arc::new(registry),
+            ));
+        }
+        tracing::info!(socket = %config.socket.display(), "agent ready");
+        eprintln!("tessera agent: listening on {}", config.socket.display());
+        shutdown_signal().await;
+        eprintln!("tessera agent: shutting down, unmounting");
+        servers.abort_all();
+        agent.shutdown().await;
+        let _ = std::fs::remove_file(&config.socket);
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The agent's socket.
+    #[arg(long, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn call(client: &ClientArgs, request: Request) -> Result<serde_json::Value> {
+    Ok(runtime()?.block_on(api::call(&client.socket, request))?)
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// Image reference (a Tessera image, e.g. made by `tessera convert`).
+    image: String,
+    /// An existing empty directory.
+    mountpoint: PathBuf,
+    /// Append the path of each file read (first read only) to FILE: a prefetch list
+    /// for `tessera convert --prefetch-list`.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    platform: Option<String>,
+    #[arg(long, value_enum)]
+    prefetch: Option<Prefetch>,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub fn mount(args: MountArgs) -> Result<()> {
+    // The agent runs elsewhere: give it absolute paths.
+    let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+    let result = call(
+        &args.client,
+        Request::Mount {
+            image: args.image.clone(),
+            mountpoint: abs(&args.mountpoint),
+            record: args.record.as_ref().map(abs),
+            platform: args.platform.clone(),
+            prefetch: args.prefetch,
+        },
+    )
+    .with_context(|| format!("mount {}", args.image))?;
+    show_mount(&args.client, result)
+}
+
+fn show_mount(client: &ClientArgs, result: serde_json::Value) -> Result<()> {
+    if client.json {
+        return print_out(format_args!("{}\n", serde_json::to_string_pretty(&result)?));
+    }
+    let status: MountStatus = serde_json::from_value(result)?;
+    print_out(format_args!("{status}\n"))
+}
+
+#[derive(Debug, Args)]
+pub struct UmountArgs {
+    mountpoint: PathBuf,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub fn umount(args: UmountArgs) -> Result<()> {
+    let mountpoint = std::path::absolute(&args.mountpoint).unwrap_or(args.mountpoint.clone());
+    let result = call(&args.client, Request::Umount { mountpoint })
+        .with_context(|| format!("unmount {}", args.mountpoint.display()))?;
+    show_mount(&args.client, result)
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub fn status(args: StatusArgs) -> Result<()> {
+    let result = call(&args.client, Request::Status).context("ask the agent for its status")?;
+    if args.client.json {
+        return print_out(format_args!("{}\n", serde_json::to_string_pretty(&result)?));
+    }
+    let status: Status = serde_json::from_value(result)?;
+    print_out(&status)
+}

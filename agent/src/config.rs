@@ -1,0 +1,268 @@
+//! The agent's configuration: `agent.toml`, every key with a default so `tessera agent`
+//! runs without a file, the same keys overridable by flags and `TESSERA_*` variables
+//! (in `commands/agent.rs`), and `validate()` that lists every problem at once.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::registry::credentials::RegistryConfig;
+use crate::{Error, Result};
+
+/// Where the daemon listens by default, and where the client commands look for it.
+pub const DEFAULT_SOCKET: &str = "/run/tessera/agent.sock";
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The local API's unix socket (`tessera mount`, `umount`, `status` talk to it).
+    pub socket: PathBuf,
+    /// Also serve the local API on TCP (`host:port`); requires `api_token_file`.
+    pub api_listen: Option<String>,
+    /// A file holding the token TCP clients must present (re-read on every request, so
+    /// it can be rotated without a restart).
+    pub api_token_file: Option<PathBuf>,
+    /// Verified chunks, kept across restarts.
+    pub cache_dir: PathBuf,
+    /// Bytes the cache may hold (`10G`, `512M`, or a number); least recently used
+    /// chunks are evicted beyond it.
+    #[serde(with = "size")]
+    pub cache_capacity: u64,
+    /// Prometheus metrics (`/metrics`) on this address, if set.
+    pub metrics_listen: Option<String>,
+    /// What to fetch in the background after a mount.
+    pub prefetch: Prefetch,
+    pub fetch: FetchConfig,
+    #[serde(skip_serializing)]
+    pub registry: RegistryConfig,
+}
+
+/// Background fetching after a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Prefetch {
+    /// Nothing: only what is read.
+    None,
+    /// The image's prefetch list (`--prefetch-list` at build time).
+    List,
+    /// The prefetch list first, then every other chunk of the image.
+    All,
+}
+
+/// How chunks are fetched.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FetchConfig {
+    /// Adjacent missing chunks of a blob are fetched in one Range request up to this
+    /// many bytes (the requested chunk is always fetched whole).
+    #[serde(with = "size")]
+    pub merge_bytes: u64,
+    /// Attempts at a chunk (each already retried by the registry client) before a read
+    /// fails with EIO.
+    pub attempts: u32,
+    /// Seconds a registry request may wait for headers or stall in a body.
+    pub timeout_secs: u64,
+    /// Retries of one registry request (5xx, 429, resets).
+    pub retries: u32,
+    /// Threads serving FUSE reads of each mount.
+    pub workers: usize,
+    /// Chunks prefetched at once (on-demand reads are never limited by it).
+    pub prefetch_concurrency: usize,
+}
+
+impl Default for FetchConfig {
+    fn default() -> Self {
+        FetchConfig {
+            merge_bytes: 1 << 20,
+            attempts: 3,
+            timeout_secs: 30,
+            retries: 4,
+            workers: 16,
+            prefetch_concurrency: 2,
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            api_listen: None,
+            api_token_file: None,
+            cache_dir: PathBuf::from("/var/lib/tessera/cache"),
+            cache_capacity: 10 << 30,
+            metrics_listen: None,
+            prefetch: Prefetch::List,
+            fetch: FetchConfig::default(),
+            registry: RegistryConfig::default(),
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Reads `agent.toml`; unknown keys are errors (a typo must not be ignored).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("read config", path, e))?;
+        toml::from_str(&text).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Every problem with the configuration, each saying which key and why.
+    pub fn validate(&self) -> std::result::Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        if self.socket.as_os_str().is_empty() {
+            problems.push("socket: must be a path".to_string());
+        }
+        if self.cache_capacity < 16 << 20 {
+            problems.push(format!(
+                "cache_capacity: {} bytes is less than the 16 MiB one large chunk needs",
+                self.cache_capacity
+            ));
+        }
+        if self.api_listen.is_some() && self.api_token_file.is_none() {
+            problems.push(
+                "api_listen: the TCP API needs api_token_file (the unix socket needs none)"
+                    .to_string(),
+            );
+        }
+        for (key, addr) in [
+            ("api_listen", &self.api_listen),
+            ("metrics_listen", &self.metrics_listen),
+        ] {
+            if let Some(a) = addr {
+                if a.parse::<std::net::SocketAddr>().is_err() {
+                    problems.push(format!(
+                        "{key}: {a:?} is not host:port (e.g. 127.0.0.1:9464)"
+                    ));
+                }
+            }
+        }
+        let f = &self.fetch;
+        if f.merge_bytes > 64 << 20 {
+            problems.push("fetch.merge_bytes: at most 64M".to_string());
+        }
+        if f.attempts == 0 {
+            problems.push("fetch.attempts: at least 1".to_string());
+        }
+        if f.timeout_secs == 0 {
+            problems.push("fetch.timeout_secs: at least 1".to_string());
+        }
+        if f.workers == 0 || f.workers > 1024 {
+            problems.push("fetch.workers: 1..=1024".to_string());
+        }
+        if f.prefetch_concurrency == 0 {
+            problems.push("fetch.prefetch_concurrency: at least 1".to_string());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// Parses `4096`, `64K`, `512M`, `10G`, `1T` (binary units; `KiB`, `MB`… spellings too).
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits_end);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 4096, 512M or 10G"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Sizes in TOML as `"10G"` or a plain number of bytes.
+mod size {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(*v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Size {
+            Bytes(u64),
+            Text(String),
+        }
+        match Size::deserialize(d)? {
+            Size::Bytes(n) => Ok(n),
+            Size::Text(t) => super::parse_size(&t).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_files_override_them() {
+        AgentConfig::default().validate().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "cache_capacity = \"2G\"\nprefetch = \"all\"\n[fetch]\nmerge_bytes = 262144\n[registry]\ninsecure = [\"r:5000\"]\n",
+        )
+        .unwrap();
+        let c = AgentConfig::load(&path).unwrap();
+        assert_eq!(c.cache_capacity, 2 << 30);
+        assert_eq!(c.prefetch, Prefetch::All);
+        assert_eq!(c.fetch.merge_bytes, 256 << 10);
+        assert_eq!(c.fetch.workers, 16);
+        assert_eq!(c.registry.insecure, ["r:5000"]);
+    }
+
+    #[test]
+    fn problems_are_all_reported_by_key() {
+        let c = AgentConfig {
+            cache_capacity: 1,
+            api_listen: Some("nope".into()),
+            fetch: FetchConfig {
+                workers: 0,
+                ..FetchConfig::default()
+            },
+            ..AgentConfig::default()
+        };
+        let problems = c.validate().unwrap_err();
+        for key in [
+            "cache_capacity",
+            "api_listen: the TCP",
+            "api_listen: \"nope\"",
+            "fetch.workers",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(key)),
+                "{key}: {problems:?}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "cache_capacty = 5\n").unwrap();
+        let e = AgentConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("cache_capacty"), "{e}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("5X").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! `tessera agent`: the daemon that owns the node's mounts, its chunk cache and its
+//! registry credentials, and answers the local API.
+//!
+//! A mount fetches the manifest and the bootstrap only (verified against the layer
+//! digest, then its own checksum and structure), serves the tree at once through FUSE
+//! and fetches file data chunk by chunk as it is read ([`crate::fetch`]); prefetch runs
+//! in the background at a bounded concurrency so reads are never queued behind it.
+
+mod mounts;
+mod stale;
+
+pub use mounts::{MountStatus, Recorder};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+use crate::api::Request;
+use crate::cache::ChunkCache;
+use crate::config::AgentConfig;
+use crate::fetch::{FetchMetrics, Fetcher};
+use crate::registry::client::RegistryClient;
+use crate::{Error, Result};
+use mounts::Mount;
+
+/// The daemon's state, shared by the API, the metrics endpoint and the FUSE workers.
+#[derive(Debug)]
+pub struct Agent {
+    config: AgentConfig,
+    client: Arc<RegistryClient>,
+    fetcher: Arc<Fetcher>,
+    runtime: tokio::runtime::Handle,
+    /// Mounts by mountpoint (canonical path).
+    mounts: Mutex<HashMap<PathBuf, Arc<Mount>>>,
+    /// Where fetched bootstraps are kept, by layer digest.
+    bootstrap_dir: PathBuf,
+    /// This agent's mark in its mounts' source, to find them after a crash.
+    owner: String,
+    started: std::time::Instant,
+}
+
+/// What `tessera status` shows.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub uptime_seconds: f64,
+    pub mounts: Vec<MountStatus>,
+    pub cache: crate::cache::CacheStats,
+    /// Uncompressed bytes the current mounts got, by source.
+    pub bytes_by_source: HashMap<String, u64>,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        writeln!(f, "agent up {:.0} s", self.uptime_seconds)?;
+        writeln!(
+            f,
+            "cache      {} chunks, {:.1} of {:.1} MiB; {} hits, {} misses, {} evictions",
+            self.cache.entries,
+            mib(self.cache.bytes),
+            mib(self.cache.capacity),
+            self.cache.hits,
+            self.cache.misses,
+            self.cache.evictions
+        )?;
+        let mut sources: Vec<_> = self.bytes_by_source.iter().collect();
+        sources.sort();
+        for (source, bytes) in sources {
+            writeln!(f, "bytes      {:.1} MiB from {source}", mib(*bytes))?;
+        }
+        if self.mounts.is_empty() {
+            writeln!(f, "no mounts")?;
+        }
+        for m in &self.mounts {
+            writeln!(f, "mount      {m}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves Prometheus text on `GET /metrics` (and `GET /healthz`) until dropped.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = match path {
+                "/metrics" => {
+                    let mut text = String::new();
+                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+                        Ok(()) => ("200 OK", text),
+                        Err(_) => ("500 Internal Server Error", String::new()),
+                    }
+                }
+                "/healthz" => ("200 OK", "ok\n".to_string()),
+                _ => ("404 Not Found", String::new()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
+
+impl Agent {
+    /// Opens the cache (checking it), clears mounts a crashed agent left behind, and
+    /// prepares to serve. Call from inside the runtime the agent will use.
+    pub fn start(config: AgentConfig, client: Arc<RegistryClient>) -> Result<Arc<Agent>> {
+        if let Err(problems) = config.validate() {
+            return Err(Error::Agent(format!(
+                "invalid configuration:\n  {}",
+                problems.join("\n  ")
+            )));
+        }
+        std::fs::create_dir_all(&config.cache_dir)
+            .map_err(|e| Error::io("create", &config.cache_dir, e))?;
+        let owner = stale::owner_of(&config.cache_dir);
+        for (path, outcome) in stale::clear_stale_mounts(&owner) {
+            match outcome {
+                Ok(()) => {
+                    tracing::warn!(path = %path.display(), "cleared a stale Tessera mount left by a previous agent")
+                }
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "could not clear a stale mount")
+                }
+            }
+        }
+        let cache = Arc::new(ChunkCache::open(
+            &config.cache_dir.join("chunks"),
+            config.cache_capacity,
+        )?);
+        let bootstrap_dir = config.cache_dir.join("bootstraps");
+        std::fs::create_dir_all(&bootstrap_dir)
+            .map_err(|e| Error::io("create", &bootstrap_dir, e))?;
+        let fetcher = Arc::new(Fetcher::new(
+            cache,
+            client.clone(),
+            config.fetch.clone(),
+            Arc::new(FetchMetrics::default()),
+        ));
+        Ok(Arc::new(Agent {
+            config,
+            client,
+            fetcher,
+            runtime: tokio::runtime::Handle::current(),
+            mounts: Mutex::new(HashMap::new()),
+            bootstrap_dir,
+            owner,
+            started: std::time::Instant::now(),
+        }))
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Registers every metric of the agent in `registry`.
+    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        self.fetcher.metrics.register(registry);
+        registry.register_collector(Box::new(mounts::AgentCollector {
+            agent: Arc::downgrade(self),
+        }));
+    }
+
+    /// Answers one API request.
+    pub async fn handle(self: &Arc<Self>, request: Request) -> Result<serde_json::Value> {
+        fn to_json(v: impl Serialize) -> serde_json::Value {
+            serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+        }
+        match request {
+            Request::Mount {
+                image,
+                mountpoint,
+                record,
+                platform,
+                prefetch,
+            } => {
+                let status = self
+                    .mount(&image, &mountpoint, record, platform, prefetch)
+                    .await?;
+                Ok(to_json(status))
+            }
+            Request::Umount { mountpoint } => {
+                let status = self.umount(&mountpoint).await?;
+                Ok(to_json(status))
+            }
+            Request::Status => Ok(to_json(self.status())),
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        let mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut list: Vec<MountStatus> = mounts.values().map(|m| m.status()).collect();
+        list.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+        let mut bytes_by_source = HashMap::new();
+        for m in &list {
+            *bytes_by_source.entry("cache".to_string()).or_insert(0) += m.pull.cache_bytes;
+            *bytes_by_source.entry("origin".to_string()).or_insert(0) += m.pull.origin_bytes;
+        }
+        Status {
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            mounts: list,
+            cache: self.fetcher.cache().stats(),
+            bytes_by_source,
+        }
+    }
+
+    /// Unmounts everything (shutdown), logging each mount's summary.
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Mount>> = {
+            let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+            mounts.drain().map(|(_, m)| m).collect()
+        };
+        for m in all {
+            m.unmount().await;
+        }
+        if let Err(e) = self.fetcher.cache().flush() {
+            tracing::warn!(error = %e, "could not flush the cache index");
+        }
+    }
+
+    fn canonical(mountpoint: &Path) -> Result<PathBuf> {
+        std::fs::canonicalize(mountpoint).map_err(|e| Error::io("find mountpoint", mountpoint, e))
+    }
+}

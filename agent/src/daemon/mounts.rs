@@ -1,0 +1,518 @@
+//! One mount: the image's chunks as the filesystem reads them, its prefetch task, the
+//! optional recorder of start-up reads, and its pull summary.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use rafs_format::reader::{Bootstrap, FileKind};
+use serde::{Deserialize, Serialize};
+
+use super::Agent;
+use crate::config::Prefetch;
+use crate::fetch::{Fetcher, ImageChunks, PullSummary};
+use crate::fs::{self, ChunkReader, MountOptions, Mounted};
+use crate::registry::image as registry_image;
+use crate::registry::reference::{Platform, Reference};
+use crate::{Error, Result};
+
+/// A mounted image.
+#[derive(Debug)]
+pub struct Mount {
+    pub image: Arc<MountedImage>,
+    pub mountpoint: PathBuf,
+    /// The FUSE session; `None` once unmounted.
+    session: Mutex<Option<Mounted>>,
+    prefetch: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    mounted_at: SystemTime,
+    mount_seconds: f64,
+}
+
+/// What the filesystem reads through: the image's chunks, and the read statistics.
+#[derive(Debug)]
+pub struct MountedImage {
+    pub chunks: ImageChunks,
+    fetcher: Arc<Fetcher>,
+    runtime: tokio::runtime::Handle,
+    /// The image as the mount request named it.
+    requested: String,
+    /// Manifest digest, for status and logs.
+    digest: String,
+    /// When the mount was asked for (time to first byte is measured from it).
+    started: Instant,
+    bytes_read: AtomicU64,
+    reads: AtomicU64,
+    first_byte: OnceLock<Duration>,
+    recorder: Option<Recorder>,
+}
+
+impl ChunkReader for MountedImage {
+    fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
+        self.runtime
+            .block_on(self.fetcher.chunk(&self.chunks, chunk))
+            .map_err(|e| {
+                tracing::error!(image = %self.chunks.reference, chunk, error = %e, "read failed");
+                std::io::Error::other(e.to_string())
+            })
+    }
+
+    fn observe_read(&self, ino: u32, _offset: u64, len: u64) {
+        self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.first_byte.get_or_init(|| self.started.elapsed());
+        if let Some(r) = &self.recorder {
+            r.saw(ino);
+        }
+    }
+}
+
+/// Writes the path of each regular file the workload reads, once, in first-read order:
+/// a prefetch list for `tessera convert --prefetch-list`.
+#[derive(Debug)]
+pub struct Recorder {
+    /// Path (from the root, with a leading `/`) of each regular file, by inode.
+    paths: HashMap<u32, Vec<u8>>,
+    seen: Mutex<(HashSet<u32>, std::fs::File)>,
+}
+
+impl Recorder {
+    fn new(bootstrap: &Bootstrap, out: &Path) -> Result<Self> {
+        let mut paths = HashMap::new();
+        rafs_format::image::for_each_entry(bootstrap, |path, inode, first| {
+            if first && inode.kind == FileKind::Regular {
+                let mut p = Vec::with_capacity(path.len() + 1);
+                p.push(b'/');
+                p.extend_from_slice(path);
+                paths.insert(inode.ino, p);
+            }
+        })?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .map_err(|e| Error::io("open record file", out, e))?;
+        Ok(Recorder {
+            paths,
+            seen: Mutex::new((HashSet::new(), file)),
+        })
+    }
+
+    fn saw(&self, ino: u32) {
+        let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let (seen, file) = &mut *guard;
+        if !seen.insert(ino) {
+            return;
+        }
+        if let Some(path) = self.paths.get(&ino) {
+            let mut line = path.clone();
+            line.push(b'\n');
+            if let Err(e) = file.write_all(&line) {
+                tracing::warn!(error = %e, "could not record a read");
+            }
+        }
+    }
+}
+
+/// One mount in `tessera status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MountStatus {
+    pub image: String,
+    pub digest: String,
+    pub mountpoint: PathBuf,
+    /// Seconds since the epoch.
+    pub mounted_at: u64,
+    pub mount_seconds: f64,
+    pub first_byte_seconds: Option<f64>,
+    /// Bytes the workload read through the mount.
+    pub bytes_read: u64,
+    pub reads: u64,
+    pub pull: PullSummary,
+    /// Origin bytes per second since the mount.
+    pub origin_mib_per_s: f64,
+}
+
+impl std::fmt::Display for MountStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        write!(
+            f,
+            "image {} at {}: {:.1} MiB read, {:.1} MiB fetched from origin ({:.1} MiB on the wire, {:.1} MiB/s), {:.1} MiB from cache; mounted in {:.0} ms",
+            self.image,
+            self.mountpoint.display(),
+            mib(self.bytes_read),
+            mib(self.pull.origin_bytes),
+            mib(self.pull.origin_wire_bytes),
+            self.origin_mib_per_s,
+            mib(self.pull.cache_bytes),
+            self.mount_seconds * 1000.0
+        )?;
+        if let Some(t) = self.first_byte_seconds {
+            write!(f, "; first byte {:.0} ms", t * 1000.0)?;
+        }
+        if self.pull.verification_failures > 0 {
+            write!(
+                f,
+                "; {} chunks failed verification",
+                self.pull.verification_failures
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Mount {
+    pub fn status(&self) -> MountStatus {
+        let pull = self.image.chunks.stats.summary();
+        let since = self
+            .mounted_at
+            .elapsed()
+            .unwrap_or_default()
+            .as_secs_f64()
+            .max(0.001);
+        MountStatus {
+            image: self.image.requested.clone(),
+            digest: self.image.digest.clone(),
+            mountpoint: self.mountpoint.clone(),
+            mounted_at: self
+                .mounted_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+            mount_seconds: self.mount_seconds,
+            first_byte_seconds: self.image.first_byte.get().map(Duration::as_secs_f64),
+            bytes_read: self.image.bytes_read.load(Ordering::Relaxed),
+            reads: self.image.reads.load(Ordering::Relaxed),
+            origin_mib_per_s: pull.origin_wire_bytes as f64 / f64::from(1 << 20) / since,
+            pull,
+        }
+    }
+
+    /// Stops prefetch, unmounts, and logs the pull summary.
+    pub async fn unmount(&self) -> MountStatus {
+        if let Some(task) = self
+            .prefetch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(session) = session {
+            // Unmounting waits for the kernel; keep it off the async workers.
+            let _ = tokio::task::spawn_blocking(move || session.unmount()).await;
+        }
+        let status = self.status();
+        tracing::info!("unmounted: {status}");
+        status
+    }
+}
+
+impl Agent {
+    /// Mounts `image` at `mountpoint`: resolves it, fetches and verifies its bootstrap,
+    /// and serves it at once; data is fetched as it is read.
+    #[tracing::instrument(skip_all, fields(image = %image, mountpoint = %mountpoint.display()))]
+    pub async fn mount(
+        self: &Arc<Self>,
+        image: &str,
+        mountpoint: &Path,
+        record: Option<PathBuf>,
+        platform: Option<String>,
+        prefetch: Option<Prefetch>,
+    ) -> Result<MountStatus> {
+        let started = Instant::now();
+        let mountpoint = Self::canonical(mountpoint)?;
+        if self
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&mountpoint)
+        {
+            return Err(Error::Agent(format!(
+                "{} is already a Tessera mount; unmount it first",
+                mountpoint.display()
+            )));
+        }
+        let reference = Reference::parse(image)?;
+        let platform = match platform {
+            Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
+            None => Platform::host(),
+        };
+        let resolved =
+            registry_image::resolve_platform(&self.client, &reference, &platform).await?;
+        let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
+        let chunks = ImageChunks::new(bootstrap.clone(), resolved.reference.clone())?;
+        let recorder = match &record {
+            Some(path) => Some(Recorder::new(&bootstrap, path)?),
+            None => None,
+        };
+        let mounted_image = Arc::new(MountedImage {
+            chunks,
+            fetcher: self.fetcher.clone(),
+            runtime: self.runtime.clone(),
+            requested: image.to_string(),
+            digest: resolved.raw.digest.clone(),
+            started,
+            bytes_read: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            first_byte: OnceLock::new(),
+            recorder,
+        });
+        let opts = MountOptions {
+            fsname: format!("{}{reference}", super::stale::source_prefix(&self.owner)),
+            workers: self.config.fetch.workers,
+            allow_other: true,
+        };
+        let session = {
+            let (b, reader, mp) = (
+                bootstrap.clone(),
+                mounted_image.clone() as Arc<dyn ChunkReader>,
+                mountpoint.clone(),
+            );
+            tokio::task::spawn_blocking(move || fs::mount(b, reader, &mp, &opts))
+                .await
+                .map_err(|e| Error::Agent(format!("mount task failed: {e}")))??
+        };
+        let mount = Arc::new(Mount {
+            image: mounted_image.clone(),
+            mountpoint: mountpoint.clone(),
+            session: Mutex::new(Some(session)),
+            prefetch: Mutex::new(None),
+            mounted_at: SystemTime::now(),
+            mount_seconds: started.elapsed().as_secs_f64(),
+        });
+        let mode = prefetch.unwrap_or(self.config.prefetch);
+        if mode != Prefetch::None {
+            let task = tokio::spawn(prefetch_image(
+                self.fetcher.clone(),
+                mounted_image,
+                mode,
+                self.config.fetch.prefetch_concurrency,
+            ));
+            *mount.prefetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        }
+        self.mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(mountpoint, mount.clone());
+        let status = mount.status();
+        tracing::info!(digest = %status.digest, seconds = status.mount_seconds, "mounted");
+        Ok(status)
+    }
+
+    pub async fn umount(&self, mountpoint: &Path) -> Result<MountStatus> {
+        let key = Self::canonical(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let mount = self
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)
+            .ok_or_else(|| {
+                Error::Agent(format!(
+                    "{} is not a Tessera mount of this agent",
+                    key.display()
+                ))
+            })?;
+        Ok(mount.unmount().await)
+    }
+
+    /// The image's bootstrap: from the local store if this layer was fetched before
+    /// (it is named by its verified digest), else fetched, verified and stored.
+    async fn bootstrap_for(&self, image: &registry_image::PlatformImage) -> Result<Bootstrap> {
+        let layer = registry_image::bootstrap_layer(image)?;
+        let digest = layer.digest().to_string();
+        let name = digest.replace(':', "-");
+        let stored = self.bootstrap_dir.join(&name);
+        if !stored.is_file() {
+            let tmp = tempfile::tempdir_in(&self.bootstrap_dir)
+                .map_err(|e| Error::io("create temp dir in", &self.bootstrap_dir, e))?;
+            let path = registry_image::fetch_bootstrap(&self.client, image, tmp.path()).await?;
+            std::fs::rename(&path, &stored)
+                .map_err(|e| Error::io("store bootstrap", &stored, e))?;
+        }
+        let bootstrap = Bootstrap::open(&stored)?;
+        bootstrap.validate_all()?;
+        Ok(bootstrap)
+    }
+}
+
+/// Fetches the image's prefetch list (and, for `all`, every other chunk, in blob
+/// order) with at most `concurrency` chunks at a time, so on-demand reads keep going.
+async fn prefetch_image(
+    fetcher: Arc<Fetcher>,
+    image: Arc<MountedImage>,
+    mode: Prefetch,
+    concurrency: usize,
+) {
+    let started = Instant::now();
+    let b = &image.chunks.bootstrap;
+    let mut chunks: Vec<u32> = Vec::new();
+    let mut seen = HashSet::new();
+    if let Ok(entries) = b.prefetch() {
+        for e in entries {
+            let Ok(inode) = b.inode(e.ino) else { continue };
+            let Ok(pieces) = b.file_chunks(&inode) else {
+                continue;
+            };
+            chunks.extend(
+                pieces
+                    .iter()
+                    .filter_map(|p| p.chunk)
+                    .filter(|c| seen.insert(*c)),
+            );
+        }
+    }
+    if mode == Prefetch::All {
+        let mut rest: Vec<(u32, u64, u32)> = (0..b.chunk_count())
+            .filter(|c| !seen.contains(c))
+            .filter_map(|c| {
+                b.chunk(c)
+                    .ok()
+                    .map(|i| (i.blob_index, i.compressed_offset, c))
+            })
+            .collect();
+        rest.sort_unstable();
+        chunks.extend(rest.into_iter().map(|(_, _, c)| c));
+    }
+    let total = chunks.len();
+    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut failed = 0usize;
+    for c in chunks {
+        let Ok(permit) = limit.clone().acquire_owned().await else {
+            break;
+        };
+        let (fetcher, image) = (fetcher.clone(), image.clone());
+        tasks.spawn(async move {
+            let ok = fetcher.chunk(&image.chunks, c).await.is_ok();
+            drop(permit);
+            ok
+        });
+        while let Some(done) = tasks.try_join_next() {
+            failed += usize::from(!matches!(done, Ok(true)));
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        failed += usize::from(!matches!(done, Ok(true)));
+    }
+    tracing::info!(
+        image = %image.chunks.reference,
+        chunks = total,
+        failed,
+        seconds = started.elapsed().as_secs_f64(),
+        "prefetch done"
+    );
+}
+
+/// Prometheus view of the cache and the mounts, read at scrape time.
+#[derive(Debug)]
+pub(super) struct AgentCollector {
+    pub agent: Weak<Agent>,
+}
+
+impl Collector for AgentCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let Some(agent) = self.agent.upgrade() else {
+            return Ok(());
+        };
+        let cache = agent.fetcher.cache().stats();
+        let counters = [
+            ("tessera_agent_cache_hits", "Chunk cache hits", cache.hits),
+            (
+                "tessera_agent_cache_misses",
+                "Chunk cache misses",
+                cache.misses,
+            ),
+            (
+                "tessera_agent_cache_evictions",
+                "Chunks evicted from the cache",
+                cache.evictions,
+            ),
+            (
+                "tessera_agent_cache_verification_failures",
+                "Cached chunks that failed re-verification and were dropped",
+                cache.verification_failures,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let mounts: Vec<Arc<Mount>> = agent
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let gauges = [
+            (
+                "tessera_agent_cache_bytes",
+                "Bytes in the chunk cache",
+                cache.bytes as i64,
+            ),
+            (
+                "tessera_agent_cache_capacity_bytes",
+                "Chunk cache capacity",
+                cache.capacity as i64,
+            ),
+            (
+                "tessera_agent_cache_chunks",
+                "Chunks in the cache",
+                cache.entries as i64,
+            ),
+            (
+                "tessera_agent_mounts",
+                "Mounted images",
+                mounts.len() as i64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        let read: u64 = mounts
+            .iter()
+            .map(|m| m.image.bytes_read.load(Ordering::Relaxed))
+            .sum();
+        let c = ConstCounter::new(read);
+        c.encode(encoder.encode_descriptor(
+            "tessera_agent_read_bytes",
+            "Bytes workloads read through mounts",
+            None,
+            c.metric_type(),
+        )?)?;
+        for (op, value) in fs::sum_stats(mounts.iter().filter_map(|m| m.fs_stats())) {
+            let c = ConstCounter::new(value);
+            let name = format!("tessera_agent_fuse_{op}");
+            c.encode(encoder.encode_descriptor(
+                &name,
+                "FUSE operations",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Mount {
+    fn fs_stats(&self) -> Option<Arc<fs::FsStats>> {
+        self.session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Mounted::stats)
+    }
+}

@@ -1,0 +1,110 @@
+//! Mounts a crashed agent left behind: their FUSE connection is gone, so any access
+//! fails with "transport endpoint is not connected" until they are unmounted. They
+//! are found in this process's mount table by their filesystem type, `fuse.tessera`,
+//! and their source, `tessera@<owner>:<image>`, where the owner names the agent by its
+//! cache directory: an agent clears its own predecessor's mounts, never those of
+//! another agent on the same machine (tests run several).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The filesystem type our mounts have (`fuse.` + the subtype we mount with).
+pub const FS_TYPE: &str = "fuse.tessera";
+
+/// The mount source of an agent's mounts: `tessera@<owner>:` + the image.
+pub fn source_prefix(owner: &str) -> String {
+    format!("tessera@{owner}:")
+}
+
+/// Names an agent by its cache directory (a short hash: mount sources are visible to
+/// every user and need not spell out paths).
+pub fn owner_of(cache_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let canonical = std::fs::canonicalize(cache_dir).unwrap_or_else(|_| cache_dir.to_path_buf());
+    let hash = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    hex::encode(&hash[..6])
+}
+
+/// Unmounts (lazily, so a process still inside does not block it) every mount of
+/// `owner` in the mount table; returns each path with how it went. Called before the
+/// agent mounts anything, so every such mount is a stale one.
+pub fn clear_stale_mounts(owner: &str) -> Vec<(PathBuf, Result<(), String>)> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    tessera_mounts(&table, &source_prefix(owner))
+        .into_iter()
+        .map(|path| {
+            let outcome = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&path)
+                .output()
+                .map_err(|e| format!("run fusermount3: {e} (apt-get install fuse3)"))
+                .and_then(|out| {
+                    if out.status.success() {
+                        Ok(())
+                    } else {
+                        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+                    }
+                });
+            (path, outcome)
+        })
+        .collect()
+}
+
+/// Mount points of Tessera filesystems whose source starts with `prefix`, in a
+/// `/proc/*/mountinfo` text.
+fn tessera_mounts(mountinfo: &str, prefix: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+            let (left, right) = line.split_once(" - ")?;
+            let mut fields = right.split(' ');
+            let (fs_type, source) = (fields.next()?, unescape(fields.next()?));
+            let mountpoint = left.split(' ').nth(4)?;
+            (fs_type == FS_TYPE && source.starts_with(prefix))
+                .then(|| PathBuf::from(unescape(mountpoint)))
+        })
+        .collect()
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
+            if let Some(v) = digits.and_then(|d| u8::from_str_radix(d, 8).ok()) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_tessera_mounts_only() {
+        let table = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+90 22 0:50 / /mnt/img\\040one rw,nosuid,nodev,relatime shared:60 - fuse.tessera tessera@abc:r/a:v1 ro,user_id=0,group_id=0
+91 22 0:51 / /mnt/other rw,relatime - fuse.sshfs host: rw
+92 22 0:52 / /mnt/theirs rw,relatime - fuse.tessera tessera@def:r/a:v1 ro
+";
+        assert_eq!(
+            tessera_mounts(table, &source_prefix("abc")),
+            [PathBuf::from("/mnt/img one")]
+        );
+    }
+}

@@ -1,0 +1,367 @@
+//! The chunk path: local cache → (peers: the P2P issue adds them here) → origin
+//! registry, for the chunks of mounted images.
+//!
+//! - **Single-flight.** Concurrent requests for one chunk (by digest, so across images
+//!   too) share one fetch: the first becomes the leader, the others wait for its result.
+//! - **Merged ranges.** A leader also takes the chunks that follow its own in the blob,
+//!   while they are contiguous, missing from the cache, not already in flight and within
+//!   `merge_bytes`: one Range request instead of many small ones (sequential reads and
+//!   small chunks are the common case).
+//! - **Verify before use.** Every chunk is decompressed and checked against its digest
+//!   from the bootstrap before it is cached or returned; a mismatch is counted against
+//!   the source, logged, and the fetch is tried again, up to `attempts`.
+
+mod metrics;
+
+pub use metrics::{FetchMetrics, Source};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rafs_format::chunk::decode_and_verify;
+use rafs_format::reader::{Bootstrap, ChunkInfo};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::cache::{ChunkCache, ChunkKey};
+use crate::config::FetchConfig;
+use crate::registry::client::RegistryClient;
+use crate::registry::reference::Reference;
+use crate::{Error, Result};
+
+/// A chunk's bytes, or why it could not be had.
+type Outcome = std::result::Result<Arc<Vec<u8>>, String>;
+
+/// One mounted image as the fetcher sees it: its bootstrap, where its blobs are, and
+/// the order of chunks within each blob (for merging neighbours).
+#[derive(Debug)]
+pub struct ImageChunks {
+    pub bootstrap: Arc<Bootstrap>,
+    /// The image, pinned by digest: blobs are read from its repository.
+    pub reference: Reference,
+    /// `sha256:…` of each blob, by blob-table index.
+    blob_digests: Vec<String>,
+    /// Chunk indices of each blob in offset order.
+    order: Vec<Vec<u32>>,
+    /// Each chunk's position in its blob's `order`.
+    position: Vec<u32>,
+    pub stats: PullStats,
+}
+
+/// What one mount pulled, for its summary line and `tessera status`.
+#[derive(Debug, Default)]
+pub struct PullStats {
+    pub cache_bytes: AtomicU64,
+    pub origin_bytes: AtomicU64,
+    /// Compressed bytes transferred from the origin (what the network carried).
+    pub origin_wire_bytes: AtomicU64,
+    pub chunks_fetched: AtomicU64,
+    pub verification_failures: AtomicU64,
+    pub fetch_errors: AtomicU64,
+}
+
+/// A snapshot of [`PullStats`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PullSummary {
+    pub cache_bytes: u64,
+    pub origin_bytes: u64,
+    pub origin_wire_bytes: u64,
+    pub chunks_fetched: u64,
+    pub verification_failures: u64,
+    pub fetch_errors: u64,
+}
+
+impl PullStats {
+    pub fn summary(&self) -> PullSummary {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PullSummary {
+            cache_bytes: l(&self.cache_bytes),
+            origin_bytes: l(&self.origin_bytes),
+            origin_wire_bytes: l(&self.origin_wire_bytes),
+            chunks_fetched: l(&self.chunks_fetched),
+            verification_failures: l(&self.verification_failures),
+            fetch_errors: l(&self.fetch_errors),
+        }
+    }
+}
+
+impl ImageChunks {
+    pub fn new(bootstrap: Arc<Bootstrap>, reference: Reference) -> Result<Self> {
+        let blobs = bootstrap.blobs()?;
+        let mut order: Vec<Vec<(u64, u32)>> = vec![Vec::new(); blobs.len()];
+        for c in 0..bootstrap.chunk_count() {
+            let info = bootstrap.chunk(c)?;
+            order[info.blob_index as usize].push((info.compressed_offset, c));
+        }
+        let mut position = vec![0u32; bootstrap.chunk_count() as usize];
+        let order: Vec<Vec<u32>> = order
+            .into_iter()
+            .map(|mut chunks| {
+                chunks.sort_unstable();
+                chunks.into_iter().map(|(_, c)| c).collect::<Vec<u32>>()
+            })
+            .collect();
+        for chunks in &order {
+            for (pos, &c) in chunks.iter().enumerate() {
+                position[c as usize] = pos as u32;
+            }
+        }
+        Ok(ImageChunks {
+            blob_digests: blobs.iter().map(|b| b.oci_digest()).collect(),
+            bootstrap,
+            reference,
+            order,
+            position,
+            stats: PullStats::default(),
+        })
+    }
+
+    fn key(&self, info: &ChunkInfo) -> ChunkKey {
+        ChunkKey {
+            algo: self.bootstrap.digest_algo(),
+            digest: info.digest,
+        }
+    }
+}
+
+/// Fetches verified chunks for every mount of the agent.
+#[derive(Debug)]
+pub struct Fetcher {
+    cache: Arc<ChunkCache>,
+    origin: Arc<RegistryClient>,
+    config: FetchConfig,
+    /// Chunks being fetched, with the channel their result will arrive on.
+    inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
+    pub metrics: Arc<FetchMetrics>,
+}
+
+/// What a request for a chunk does: fetch it (and its neighbours), or wait for the
+/// fetch already under way.
+enum Role {
+    Lead(Vec<Planned>),
+    Wait(watch::Receiver<Option<Outcome>>),
+}
+
+/// A chunk a leader fetches, and where its waiters listen.
+struct Planned {
+    info: ChunkInfo,
+    key: ChunkKey,
+    done: watch::Sender<Option<Outcome>>,
+}
+
+impl Fetcher {
+    pub fn new(
+        cache: Arc<ChunkCache>,
+        origin: Arc<RegistryClient>,
+        config: FetchConfig,
+        metrics: Arc<FetchMetrics>,
+    ) -> Self {
+        Fetcher {
+            cache,
+            origin,
+            config,
+            inflight: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    pub fn cache(&self) -> &Arc<ChunkCache> {
+        &self.cache
+    }
+
+    /// The verified, uncompressed bytes of chunk `index` of `image`.
+    pub async fn chunk(&self, image: &ImageChunks, index: u32) -> Result<Arc<Vec<u8>>> {
+        let info = image.bootstrap.chunk(index)?;
+        let key = image.key(&info);
+        let fail = |reason: String| Error::Chunk {
+            image: image.reference.to_string(),
+            chunk: index,
+            digest: image.bootstrap.digest_algo().format(&info.digest),
+            reason,
+        };
+        loop {
+            let started = Instant::now();
+            if let Some(data) = self.cache.get(&key)? {
+                let len = data.len() as u64;
+                image.stats.cache_bytes.fetch_add(len, Ordering::Relaxed);
+                self.metrics.record(Source::Cache, len, started.elapsed());
+                return Ok(Arc::new(data));
+            }
+            let role = {
+                let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                match inflight.get(&key) {
+                    Some(rx) => Role::Wait(rx.clone()),
+                    None => Role::Lead(self.plan_run(&mut inflight, image, info, key)),
+                }
+            };
+            match role {
+                Role::Lead(run) => return self.lead(image, run).await.map_err(fail),
+                Role::Wait(mut rx) => match rx.wait_for(Option::is_some).await {
+                    Ok(outcome) => {
+                        return outcome
+                            .clone()
+                            .unwrap_or_else(|| Err("no result".into()))
+                            .map_err(fail)
+                    }
+                    // The leader went away without an answer: try again, maybe as leader.
+                    Err(_) => continue,
+                },
+            }
+        }
+    }
+
+    /// Registers `first` and the contiguous missing chunks after it (within
+    /// `merge_bytes`) as in flight, led by the caller.
+    fn plan_run(
+        &self,
+        inflight: &mut HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>,
+        image: &ImageChunks,
+        first: ChunkInfo,
+        key: ChunkKey,
+    ) -> Vec<Planned> {
+        let mut planned = vec![(first, key)];
+        let blob_order = &image.order[first.blob_index as usize];
+        let mut end = first.compressed_offset + u64::from(first.compressed_size);
+        let mut bytes = u64::from(first.compressed_size);
+        for &next in &blob_order[image.position[first.index as usize] as usize + 1..] {
+            let Ok(info) = image.bootstrap.chunk(next) else {
+                break;
+            };
+            let size = u64::from(info.compressed_size);
+            let key = image.key(&info);
+            if info.compressed_offset != end
+                || bytes + size > self.config.merge_bytes
+                || inflight.contains_key(&key)
+                || planned.iter().any(|(_, k)| *k == key)
+                || self.cache.contains(&key)
+            {
+                break;
+            }
+            end += size;
+            bytes += size;
+            planned.push((info, key));
+        }
+        planned
+            .into_iter()
+            .map(|(info, key)| {
+                let (done, rx) = watch::channel(None);
+                inflight.insert(key, rx);
+                Planned { info, key, done }
+            })
+            .collect()
+    }
+
+    /// Fetches a planned run and answers everyone waiting on it; returns the first
+    /// chunk's outcome.
+    async fn lead(&self, image: &ImageChunks, run: Vec<Planned>) -> Outcome {
+        self.metrics.inflight.inc();
+        let outcomes = self.fetch_run(image, &run).await;
+        self.metrics.inflight.dec();
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = None;
+        for (planned, outcome) in run.into_iter().zip(outcomes) {
+            inflight.remove(&planned.key);
+            let _ = planned.done.send(Some(outcome.clone()));
+            first.get_or_insert(outcome);
+        }
+        first.unwrap_or_else(|| Err("empty fetch".into()))
+    }
+
+    /// Fetches the run's bytes from the origin and verifies each chunk, trying again
+    /// (after a pause) for chunks that failed, up to `attempts`.
+    async fn fetch_run(&self, image: &ImageChunks, run: &[Planned]) -> Vec<Outcome> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; run.len()];
+        let mut last_error = String::new();
+        for attempt in 0..self.config.attempts {
+            let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
+            let (Some(&lo), Some(&hi)) = (pending.first(), pending.last()) else {
+                break;
+            };
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200 << attempt.min(5))).await;
+            }
+            let start = run[lo].info.compressed_offset;
+            let end = run[hi].info.compressed_offset + u64::from(run[hi].info.compressed_size);
+            let blob = &image.blob_digests[run[lo].info.blob_index as usize];
+            let started = Instant::now();
+            let bytes = match self
+                .origin
+                .blob_range(&image.reference, blob, start..end)
+                .await
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    image.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
+                    self.metrics
+                        .errors
+                        .get_or_create(&Source::Origin.label())
+                        .inc();
+                    tracing::warn!(image = %image.reference, blob, start, end, attempt, error = %e, "origin fetch failed");
+                    last_error = e.to_string();
+                    continue;
+                }
+            };
+            image
+                .stats
+                .origin_wire_bytes
+                .fetch_add(end - start, Ordering::Relaxed);
+            for &i in &pending {
+                let info = &run[i].info;
+                let from = (info.compressed_offset - start) as usize;
+                let stored = &bytes[from..from + info.compressed_size as usize];
+                match decode_and_verify(
+                    stored,
+                    info.compression,
+                    info.uncompressed_size,
+                    image.bootstrap.digest_algo(),
+                    &info.digest,
+                ) {
+                    Ok(data) => {
+                        let len = data.len() as u64;
+                        if let Err(e) = self.cache.put(&run[i].key, &data) {
+                            // Serve it anyway; it will be fetched again next time.
+                            tracing::warn!(error = %e, "could not cache a chunk");
+                        }
+                        image.stats.origin_bytes.fetch_add(len, Ordering::Relaxed);
+                        image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.record(Source::Origin, len, started.elapsed());
+                        outcomes[i] = Some(Ok(Arc::new(data)));
+                    }
+                    Err(reason) => {
+                        image
+                            .stats
+                            .verification_failures
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.metrics
+                            .verification_failures
+                            .get_or_create(&Source::Origin.label())
+                            .inc();
+                        tracing::error!(
+                            image = %image.reference,
+                            chunk = info.index,
+                            blob,
+                            offset = info.compressed_offset,
+                            attempt,
+                            reason,
+                            "chunk from origin failed verification; discarded"
+                        );
+                        last_error = format!("failed verification: {reason}");
+                    }
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(format!(
+                        "not fetched after {} attempts: {last_error}",
+                        self.config.attempts
+                    ))
+                })
+            })
+            .collect()
+    }
+}

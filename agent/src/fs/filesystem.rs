@@ -1,0 +1,615 @@
+//! The `fuser::Filesystem` of an image: bootstrap records become FUSE replies.
+//!
+//! Metadata is answered inline on the session thread (the bootstrap is in memory, and
+//! a record read is a bounds check and a few loads); reads go to the [`Pool`]. Every
+//! operation that would change anything answers `EROFS` — the kernel already refuses
+//! them on a read-only mount, this is for requests that reach us anyway.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use fuser::consts::FOPEN_KEEP_CACHE;
+use fuser::{
+    FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow,
+};
+use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
+
+use super::attr::{self, TTL};
+use super::errno::{
+    EBADF, EINVAL, EIO, ENODATA, ENOENT, ENOTDIR, ERANGE, EROFS, O_ACCMODE, O_RDONLY, W_OK,
+};
+use super::pool::Pool;
+use super::read::{clamp, read_range};
+use super::{ChunkReader, FsStats};
+
+/// `statfs` block size; also the unit of the image's size there.
+const STATFS_BLOCK: u32 = 4096;
+/// Longest name, as the format allows (format.md §8).
+const NAME_MAX: u32 = 255;
+
+/// One mounted image, owned by the session thread.
+pub struct ImageFs {
+    bootstrap: Arc<Bootstrap>,
+    reader: Arc<dyn ChunkReader>,
+    stats: Arc<FsStats>,
+    pool: Pool,
+    /// Open regular files by handle, with their pieces looked up (and validated) once
+    /// at open, so that each read is a binary search instead of a walk of the list.
+    open_files: HashMap<u64, OpenFile>,
+    next_fh: u64,
+    /// Asynchronous requests (readahead) the kernel may keep in flight: enough to keep
+    /// every worker busy with some queued behind, rather than the kernel's default 12.
+    max_background: u16,
+    /// The image's data size in `STATFS_BLOCK`s, computed at the first `statfs`.
+    statfs_blocks: Option<u64>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    ino: u32,
+    size: u64,
+    pieces: Arc<[FileChunk]>,
+}
+
+impl std::fmt::Debug for ImageFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImageFs")
+            .field("inodes", &self.bootstrap.inode_count())
+            .field("open_files", &self.open_files.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ImageFs {
+    pub fn new(
+        bootstrap: Arc<Bootstrap>,
+        reader: Arc<dyn ChunkReader>,
+        stats: Arc<FsStats>,
+        pool: Pool,
+        workers: usize,
+    ) -> Self {
+        let max_background = workers.saturating_mul(2).clamp(16, 1024) as u16;
+        ImageFs {
+            bootstrap,
+            reader,
+            stats,
+            pool,
+            open_files: HashMap::new(),
+            next_fh: 1,
+            max_background,
+            statfs_blocks: None,
+        }
+    }
+
+    /// Inode `ino`; ENOENT for a number the image does not have (the kernel only
+    /// uses numbers we gave it, so this is defensive), EIO for a corrupt record.
+    fn inode(&self, ino: u64) -> Result<Inode, c_int> {
+        match u32::try_from(ino) {
+            Ok(n) if n != 0 && n <= self.bootstrap.inode_count() => {
+                self.bootstrap.inode(n).map_err(|e| self.corrupt(n, &e))
+            }
+            _ => Err(ENOENT),
+        }
+    }
+
+    fn attr_of(&self, ino: u32) -> Result<FileAttr, c_int> {
+        let inode = self.inode(ino.into())?;
+        Ok(attr::attr(&self.bootstrap, &inode))
+    }
+
+    fn directory(&self, ino: u64) -> Result<Inode, c_int> {
+        let dir = self.inode(ino)?;
+        if dir.kind != FileKind::Directory {
+            return Err(ENOTDIR);
+        }
+        Ok(dir)
+    }
+
+    /// Logs a bootstrap record that failed validation and gives the errno to answer.
+    fn corrupt(&self, ino: u32, error: &rafs_format::Error) -> c_int {
+        FsStats::count(&self.stats.errors, 1);
+        tracing::error!(ino, %error, "corrupt bootstrap record; answered EIO");
+        EIO
+    }
+
+    fn find(&self, parent: u64, name: &[u8]) -> Result<Option<FileAttr>, c_int> {
+        let dir = self.directory(parent)?;
+        match self.bootstrap.lookup(&dir, name) {
+            Ok(Some(entry)) => self.attr_of(entry.ino).map(Some),
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.corrupt(dir.ino, &e)),
+        }
+    }
+
+    /// Walks directory `ino` from readdir offset `offset` — `.` is offset 0, `..` is 1,
+    /// stored entry `k` is `k + 2` — calling `add(ino, next_offset, kind, name)` for
+    /// each until it answers `true` (the reply buffer is full).
+    fn list(
+        &self,
+        ino: u64,
+        offset: i64,
+        mut add: impl FnMut(u32, i64, FileKind, &[u8]) -> Result<bool, c_int>,
+    ) -> Result<(), c_int> {
+        let dir = self.directory(ino)?;
+        let start = u64::try_from(offset).map_err(|_| EINVAL)?;
+        let end = 2 + u64::from(self.bootstrap.dir_len(&dir));
+        for k in start..end {
+            let next = (k + 1) as i64;
+            let full = match k {
+                0 => add(dir.ino, next, FileKind::Directory, b".")?,
+                // The root's parent is the root (format.md §6.1).
+                1 => add(dir.parent, next, FileKind::Directory, b"..")?,
+                _ => match self.bootstrap.dir_entry(&dir, (k - 2) as u32) {
+                    Ok(Some(e)) => add(e.ino, next, e.kind, e.name)?,
+                    Ok(None) => break,
+                    Err(e) => return Err(self.corrupt(dir.ino, &e)),
+                },
+            };
+            if full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn open_file(&self, ino: u64) -> Result<OpenFile, c_int> {
+        let inode = self.inode(ino)?;
+        if inode.kind != FileKind::Regular {
+            // Directories are opened with opendir; devices, fifos and sockets by the
+            // kernel itself.
+            return Err(EINVAL);
+        }
+        let pieces = self
+            .bootstrap
+            .file_chunks(&inode)
+            .map_err(|e| self.corrupt(inode.ino, &e))?;
+        Ok(OpenFile {
+            ino: inode.ino,
+            size: inode.size,
+            pieces: pieces.into(),
+        })
+    }
+
+    fn xattrs(&self, ino: u64) -> Result<Vec<(&[u8], &[u8])>, c_int> {
+        let inode = self.inode(ino)?;
+        self.bootstrap
+            .xattrs(&inode)
+            .map_err(|e| self.corrupt(inode.ino, &e))
+    }
+
+    /// The image's data in `STATFS_BLOCK`s: what its blobs hold uncompressed (each
+    /// chunk once, however many files share it).
+    fn data_blocks(&mut self) -> u64 {
+        if let Some(blocks) = self.statfs_blocks {
+            return blocks;
+        }
+        let bytes = match self.bootstrap.blobs() {
+            Ok(blobs) => blobs.iter().map(|b| b.uncompressed_size).sum(),
+            Err(e) => {
+                self.corrupt(0, &e);
+                0
+            }
+        };
+        let blocks = bytes.div_ceil(STATFS_BLOCK.into());
+        self.statfs_blocks = Some(blocks);
+        blocks
+    }
+}
+
+/// Answers an xattr request with the size-probe protocol of getxattr(2): size 0 asks
+/// for the length, a buffer too small is ERANGE.
+fn reply_xattr(reply: ReplyXattr, size: u32, bytes: &[u8]) {
+    match u32::try_from(bytes.len()) {
+        Ok(len) if size == 0 => reply.size(len),
+        Ok(len) if len <= size => reply.data(bytes),
+        _ => reply.error(ERANGE),
+    }
+}
+
+impl Filesystem for ImageFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), c_int> {
+        // Fails only for 0, which max_background never is.
+        let _ = config.set_max_background(self.max_background);
+        Ok(())
+    }
+
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        FsStats::count(&self.stats.lookups, 1);
+        match self.find(parent, name.as_bytes()) {
+            Ok(Some(attr)) => reply.entry(&TTL, &attr, 0),
+            Ok(None) => reply.entry(&TTL, &attr::negative_entry(), 0),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        FsStats::count(&self.stats.getattrs, 1);
+        match self.inode(ino) {
+            Ok(inode) => reply.attr(&TTL, &attr::attr(&self.bootstrap, &inode)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
+        let inode = match self.inode(ino) {
+            Ok(inode) if inode.kind == FileKind::Symlink => inode,
+            Ok(_) => return reply.error(EINVAL),
+            Err(e) => return reply.error(e),
+        };
+        match self.bootstrap.symlink_target(&inode) {
+            Ok(target) => reply.data(target),
+            Err(e) => reply.error(self.corrupt(inode.ino, &e)),
+        }
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        if flags & O_ACCMODE != O_RDONLY {
+            return reply.error(EROFS);
+        }
+        match self.open_file(ino) {
+            Ok(file) => {
+                let fh = self.next_fh;
+                self.next_fh += 1;
+                self.open_files.insert(fh, file);
+                // The data never changes: keep cached pages across close and open.
+                reply.opened(fh, FOPEN_KEEP_CACHE);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        FsStats::count(&self.stats.reads, 1);
+        let Some(file) = self.open_files.get(&fh) else {
+            return reply.error(EBADF);
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(EINVAL);
+        };
+        let range = clamp(offset, size, file.size);
+        if range.is_empty() {
+            return reply.data(&[]);
+        }
+        self.reader
+            .observe_read(file.ino, range.start, range.end - range.start);
+        let (ino, pieces) = (file.ino, file.pieces.clone());
+        let (reader, stats) = (self.reader.clone(), self.stats.clone());
+        self.pool.execute(move |unmounted| {
+            if unmounted {
+                return reply.error(EIO);
+            }
+            match read_range(&pieces, range.clone(), reader.as_ref()) {
+                Ok(data) => {
+                    let bytes = data.as_slice();
+                    FsStats::count(&stats.read_bytes, bytes.len() as u64);
+                    reply.data(bytes);
+                }
+                Err(failure) => {
+                    FsStats::count(&stats.errors, 1);
+                    tracing::error!(
+                        ino,
+                        chunk = failure.chunk,
+                        offset = range.start,
+                        len = range.end - range.start,
+                        error = %failure.cause,
+                        "chunk read failed; answered EIO"
+                    );
+                    reply.error(EIO);
+                }
+            }
+        });
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock: u64, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.open_files.remove(&fh);
+        reply.ok();
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _data: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+        // Stateless: a readdir offset names its entry.
+        match self.directory(ino) {
+            Ok(_) => reply.opened(0, 0),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectory,
+    ) {
+        FsStats::count(&self.stats.readdirs, 1);
+        let listed = self.list(ino, offset, |ino, next, kind, name| {
+            Ok(reply.add(
+                ino.into(),
+                next,
+                attr::file_type(kind),
+                OsStr::from_bytes(name),
+            ))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        FsStats::count(&self.stats.readdirs, 1);
+        let listed = self.list(ino, offset, |ino, next, _kind, name| {
+            let attr = self.attr_of(ino)?;
+            Ok(reply.add(ino.into(), next, OsStr::from_bytes(name), &TTL, &attr, 0))
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _data: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs) {
+        let blocks = self.data_blocks();
+        let files = self.bootstrap.inode_count().into();
+        // Nothing free: the image is all there is.
+        reply.statfs(blocks, 0, 0, files, 0, STATFS_BLOCK, NAME_MAX, STATFS_BLOCK);
+    }
+
+    fn getxattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
+        match self.xattrs(ino) {
+            Ok(xattrs) => match xattrs.iter().find(|(n, _)| *n == name.as_bytes()) {
+                Some((_, value)) => reply_xattr(reply, size, value),
+                None => reply.error(ENODATA),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&mut self, _req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr) {
+        match self.xattrs(ino) {
+            Ok(xattrs) => {
+                // Each name NUL-terminated, as listxattr(2) returns them.
+                let mut names = Vec::new();
+                for (name, _) in xattrs {
+                    names.extend_from_slice(name);
+                    names.push(0);
+                }
+                reply_xattr(reply, size, &names);
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn access(&mut self, _req: &Request<'_>, ino: u64, mask: i32, reply: ReplyEmpty) {
+        // Only called without `default_permissions`; permission bits are then the
+        // kernel's business anyway, writing is ours.
+        match self.inode(ino) {
+            Ok(_) if mask & W_OK != 0 => reply.error(EROFS),
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    // Everything below would change the image.
+
+    fn setattr(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn mknod(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn mkdir(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(EROFS);
+    }
+
+    fn rmdir(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(EROFS);
+    }
+
+    fn symlink(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn rename(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _newparent: u64,
+        _newname: &OsStr,
+        _flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn link(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _newparent: u64,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn write(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _offset: i64,
+        _data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn create(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn setxattr(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn removexattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(EROFS);
+    }
+
+    fn fallocate(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _offset: i64,
+        _length: i64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(EROFS);
+    }
+
+    fn copy_file_range(
+        &mut self,
+        _req: &Request<'_>,
+        _ino_in: u64,
+        _fh_in: u64,
+        _offset_in: i64,
+        _ino_out: u64,
+        _fh_out: u64,
+        _offset_out: i64,
+        _len: u64,
+        _flags: u32,
+        reply: ReplyWrite,
+    ) {
+        reply.error(EROFS);
+    }
+}

@@ -1,0 +1,128 @@
+//! The read-only FUSE filesystem of a mounted image.
+//!
+//! The whole tree is in memory (the [`Bootstrap`]), so every metadata operation —
+//! lookup, getattr, readdir, readlink, xattrs, statfs — is answered at once on the
+//! session thread, the one thread `fuser` reads kernel requests on. Only `read` may have
+//! to wait for data (a chunk from the cache, a peer or the origin), so each read is
+//! handed to a pool of worker threads that reply when their chunks arrive: a read
+//! waiting on a slow chunk never holds up lookups or reads of other files.
+//!
+//! Where data comes from is not this module's business: it asks a [`ChunkReader`] for
+//! a chunk by its index in the bootstrap's chunk table and gets verified bytes back.
+//!
+//! - `filesystem` — the `fuser::Filesystem`: bootstrap records become FUSE replies.
+//! - `attr` — inode records as FUSE attributes, and the cache lifetimes we promise.
+//! - `read` — a byte range of a file assembled from its pieces (chunks and holes).
+//! - `pool` — the worker threads reads run on.
+//! - `session` — [`mount`] and [`Mounted`]: the mount point, the session thread, a
+//!   clean unmount.
+//!
+//! Architecture invariant: the image is immutable, so the kernel may cache everything
+//! (entries, attributes, negative lookups, file pages) for as long as the mount lives,
+//! and nothing ever invalidates it.
+//!
+//! [`Bootstrap`]: rafs_format::reader::Bootstrap
+
+mod attr;
+mod errno;
+mod filesystem;
+mod pool;
+mod read;
+mod session;
+
+pub use session::{mount, Mounted};
+
+use std::borrow::Borrow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Where a mounted image's file data comes from.
+pub trait ChunkReader: Send + Sync + 'static {
+    /// The uncompressed, verified bytes of chunk `chunk` (an index into the bootstrap's
+    /// chunk table). Blocks; called on the filesystem's worker threads (never on an
+    /// async runtime's), possibly many at once, and for one chunk as often as the
+    /// kernel reads inside it: a reader should keep recently used chunks at hand.
+    ///
+    /// A result that is not exactly the chunk's `uncompressed_size` is treated as an
+    /// error. Errors are logged by the filesystem (with the inode and chunk) and the read
+    /// fails with `EIO`.
+    fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>>;
+
+    /// Told about every read the workload makes, clamped to the file's size (for stats
+    /// and `mount --record`). Called on the session thread in the order the kernel sent
+    /// the reads, before any data is fetched, so it must not block. Default: nothing.
+    fn observe_read(&self, _ino: u32, _offset: u64, _len: u64) {}
+}
+
+/// How to mount an image.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// The mount's source as `/proc/mounts` shows it, e.g. `tessera:<image ref>`: what
+    /// people see in `mount` and `df`, and the name of the tracing span of the mount.
+    /// (Stale mounts are found by the filesystem type, `fuse.tessera`.)
+    pub fsname: String,
+    /// Worker threads that serve reads: how many chunk fetches can be waited on at once.
+    pub workers: usize,
+    /// Let users other than the one mounting (root) use the mount, as containers need.
+    pub allow_other: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            fsname: "tessera".into(),
+            workers: 16,
+            allow_other: false,
+        }
+    }
+}
+
+/// Counters of the operations one mount served, for metrics. Relaxed atomics: each is
+/// exact on its own; a snapshot of several is not taken at one instant.
+#[derive(Debug, Default)]
+pub struct FsStats {
+    /// Lookups, found or not (misses are then cached by the kernel).
+    pub lookups: AtomicU64,
+    pub getattrs: AtomicU64,
+    /// `readdir` and `readdirplus` requests (one per buffer the kernel fills).
+    pub readdirs: AtomicU64,
+    /// `read` requests.
+    pub reads: AtomicU64,
+    /// Bytes returned by reads.
+    pub read_bytes: AtomicU64,
+    /// Operations answered with `EIO`: a chunk that could not be had, or a corrupt
+    /// bootstrap record. (Expected errors — `ENOENT`, `ENODATA`, `EROFS` — do not count.)
+    pub errors: AtomicU64,
+}
+
+impl FsStats {
+    /// Each counter with the name it has in metrics (`tessera_agent_fuse_<name>`).
+    pub fn snapshot(&self) -> [(&'static str, u64); 6] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("lookups", get(&self.lookups)),
+            ("getattrs", get(&self.getattrs)),
+            ("readdirs", get(&self.readdirs)),
+            ("reads", get(&self.reads)),
+            ("read_bytes", get(&self.read_bytes)),
+            ("errors", get(&self.errors)),
+        ]
+    }
+
+    pub(crate) fn count(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The counters of several mounts added up, by name (see [`FsStats::snapshot`]).
+pub fn sum_stats<S: Borrow<FsStats>>(
+    stats: impl IntoIterator<Item = S>,
+) -> Vec<(&'static str, u64)> {
+    let mut total = FsStats::default().snapshot();
+    for s in stats {
+        for (sum, (_, value)) in total.iter_mut().zip(s.borrow().snapshot()) {
+            sum.1 += value;
+        }
+    }
+    total.to_vec()
+}

@@ -1,0 +1,411 @@
+//! The node agent end to end: a real `tessera agent` daemon, real FUSE mounts, a real
+//! `docker-registry` (behind the fault proxy, which also measures origin egress), and
+//! images converted by `tessera convert` from images pushed by skopeo.
+//!
+//! Needs fuse3, docker-registry, umoci, skopeo, GNU tar and setfattr (`make test-deps`);
+//! runs as root.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use support::agent::{is_mounted, AgentProcess};
+use support::fault_proxy::{Fault, FaultProxy, Rule};
+use support::fstree::{assert_trees_equal, CompareOptions};
+use support::oci::{self, build_files_image, pseudo_random};
+use support::registry::Registry;
+use support::{s, tessera};
+
+/// `tessera convert` isolated from this machine's credentials; returns its summary.
+fn convert(t: &Path, src: &str, dst: &str, args: &[&str]) -> serde_json::Value {
+    let out = tessera()
+        .args(["convert", "--json", src, dst])
+        .args(args)
+        .env("DOCKER_CONFIG", t)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "convert failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn mountpoint(t: &Path, name: &str) -> PathBuf {
+    let p = t.join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    p
+}
+
+/// A registry behind a fault proxy holding `layout` converted as `tessera/app:v1`;
+/// returns the reference through the proxy.
+fn converted(t: &Path, layout: &Path, registry: &Registry, proxy: &FaultProxy) -> String {
+    registry.push_layout(layout, oci::TAG, "src/app");
+    let dst = format!("{}/tessera/app:v1", registry.addr);
+    convert(t, &format!("{}/src/app:v1", registry.addr), &dst, &[]);
+    format!("{}/tessera/app:v1", proxy.addr)
+}
+
+/// The multi-layer image (whiteouts, opaque dirs, xattrs, hardlinks, long names)
+/// mounted through the agent equals `umoci unpack` of the source, content and
+/// metadata; status and metrics report the pull; unmount leaves a plain directory.
+#[test]
+fn mounted_image_equals_umoci_unpack() {
+    let t = tempfile::tempdir().unwrap();
+    let image = oci::build_layered_image(t.path());
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &image.layout, &registry, &proxy);
+    let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert!(is_mounted(&mnt));
+    let expected = oci::umoci_unpack_rootfs(&image.layout, &image.tag, &t.path().join("ref"));
+    assert_trees_equal(
+        &expected,
+        &mnt,
+        &CompareOptions {
+            // The mount's root directory is the image's; the mountpoint's own metadata
+            // is what umoci gave the bundle's rootfs.
+            compare_root_metadata: false,
+            ..CompareOptions::default()
+        },
+    );
+    let diff = std::process::Command::new("diff")
+        .args(["-r", "--no-dereference"])
+        .arg(&expected)
+        .arg(&mnt)
+        .output()
+        .unwrap();
+    assert!(
+        diff.status.success(),
+        "{}",
+        String::from_utf8_lossy(&diff.stdout)
+    );
+
+    let status = agent.status();
+    let m = &status["mounts"][0];
+    assert_eq!(m["image"], reference.as_str());
+    assert!(m["bytes_read"].as_u64().unwrap() > 0, "{status}");
+    assert!(m["pull"]["origin_bytes"].as_u64().unwrap() > 0, "{status}");
+    assert!(m["first_byte_seconds"].as_f64().is_some(), "{status}");
+    let metrics = agent.metrics();
+    for name in [
+        "tessera_agent_bytes_total{source=\"origin\"}",
+        "tessera_agent_chunk_fetch_seconds_bucket",
+        "tessera_agent_cache_misses_total",
+        "tessera_agent_mounts 1",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from\n{metrics}");
+    }
+
+    agent.ok(&["umount", s(&mnt)]);
+    assert!(!is_mounted(&mnt));
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0);
+}
+
+/// An image of 24 files of 8 MiB: reading one file fetches about that file, not the
+/// image; 32 threads reading everything at once all get the right bytes, each chunk
+/// fetched once; a restarted agent serves a re-mount from its cache alone.
+#[test]
+fn reads_fetch_what_they_need_once_and_survive_restarts() {
+    let t = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|i| {
+            (
+                format!("data/file{i:02}.bin"),
+                pseudo_random(8 << 20, 100 + i),
+            )
+        })
+        .collect();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let mut agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    let mounted = proxy.blob_bytes();
+
+    // One file: its chunks (random data: compressed size = size) plus at most one
+    // merged neighbour range.
+    let before = proxy.blob_bytes();
+    assert_eq!(
+        std::fs::read(mnt.join("data/file07.bin")).unwrap(),
+        files[7].1
+    );
+    let fetched = proxy.blob_bytes() - before;
+    assert!(
+        fetched < 2 * (8 << 20),
+        "reading an 8 MiB file fetched {fetched} bytes from the origin (bootstrap {mounted})"
+    );
+
+    // 32 readers over every file, whole and at random offsets.
+    std::thread::scope(|scope| {
+        for r in 0..32usize {
+            let (mnt, files) = (&mnt, &files);
+            scope.spawn(move || {
+                for k in 0..files.len() {
+                    let (path, data) = &files[(k + r) % files.len()];
+                    let f = std::fs::File::open(mnt.join(path)).unwrap();
+                    let off = ((r * 7919 + k * 104_729) % (data.len() - 5000)) as u64;
+                    let mut buf = vec![0u8; 5000];
+                    f.read_exact_at(&mut buf, off).unwrap();
+                    assert!(
+                        buf == data[off as usize..off as usize + 5000],
+                        "{path} at {off}"
+                    );
+                }
+            });
+        }
+    });
+    for (path, data) in &files {
+        assert!(std::fs::read(mnt.join(path)).unwrap() == *data, "{path}");
+    }
+    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    let egress = proxy.blob_bytes() - before;
+    // Each chunk once (single-flight): the image's bytes, not 32 times them.
+    assert!(
+        egress < total + (8 << 20),
+        "32 readers made the origin send {egress} bytes for a {total}-byte image"
+    );
+    let status = agent.status();
+    assert_eq!(status["mounts"][0]["pull"]["verification_failures"], 0);
+
+    // Restart: the same image again, from the cache, with no origin traffic for data.
+    agent.ok(&["umount", s(&mnt)]);
+    agent.restart();
+    let before = proxy.blob_bytes();
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    for (path, data) in &files {
+        assert!(std::fs::read(mnt.join(path)).unwrap() == *data, "{path}");
+    }
+    assert_eq!(
+        proxy.blob_bytes() - before,
+        0,
+        "a re-mount after restart fetched blob bytes; agent log:\n{}",
+        agent.log()
+    );
+}
+
+/// A byte of a blob corrupted in the registry's storage: reading it fails with EIO
+/// (never a bad byte), the failure is counted, nothing bad is cached; once the blob
+/// is repaired the same read succeeds through the same mount.
+#[test]
+fn corrupt_blobs_give_eio_and_are_never_cached() {
+    let t = tempfile::tempdir().unwrap();
+    let data = pseudo_random(3 << 20, 5);
+    let layout = t.path().join("layout");
+    build_files_image(&layout, "amd64", &[vec![("bin/app", data.clone())]]);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let summary = convert(
+        t.path(),
+        &format!("{}/src/app:v1", registry.addr),
+        &format!("{}/tessera/app:v1", registry.addr),
+        &[],
+    );
+    let reference = format!("{}/tessera/app:v1", proxy.addr);
+    let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+
+    // The converted image's blob in the registry's storage.
+    let digest = summary["images"][0]["build"]["new_blob"]["digest"]
+        .as_str()
+        .unwrap();
+    let blob = registry
+        .storage_dir()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&digest[7..9])
+        .join(&digest[7..])
+        .join("data");
+    let original = std::fs::read(&blob).unwrap();
+    let mut bad = original.clone();
+    bad[100] ^= 0xff;
+    std::fs::write(&blob, &bad).unwrap();
+
+    let f = std::fs::File::open(mnt.join("bin/app")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = f.read_exact_at(&mut buf, 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5), "expected EIO, got {e}");
+    let status = agent.status();
+    assert!(
+        status["mounts"][0]["pull"]["verification_failures"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{status}"
+    );
+    assert!(agent
+        .metrics()
+        .contains("tessera_agent_verification_failures_total{source=\"origin\"}"));
+
+    std::fs::write(&blob, &original).unwrap();
+    drop(f);
+    let f = std::fs::File::open(mnt.join("bin/app")).unwrap();
+    let mut all = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut all).unwrap();
+    assert!(all == data, "bytes differ after the repair");
+}
+
+/// Registry trouble mid-read — 500s, resets, a slow body — is absorbed; a registry that
+/// stays down past the retry budget gives EIO, and the mount works again once it is back.
+#[test]
+fn registry_faults_are_absorbed_or_reported_as_eio() {
+    let t = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| (format!("f{i}"), pseudo_random(2 << 20, 40 + i)))
+        .collect();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+
+    proxy.inject(
+        Rule::new(Fault::Status(500))
+            .method("GET")
+            .path("/blobs/")
+            .times(2),
+    );
+    assert!(std::fs::read(mnt.join("f0")).unwrap() == files[0].1);
+    proxy.inject(Rule::new(Fault::ResetMidBody).method("GET").path("/blobs/"));
+    assert!(std::fs::read(mnt.join("f1")).unwrap() == files[1].1);
+    proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: 4 << 20,
+        })
+        .method("GET")
+        .path("/blobs/"),
+    );
+    assert!(std::fs::read(mnt.join("f2")).unwrap() == files[2].1);
+
+    // Down for good: every blob request fails.
+    proxy.inject(
+        Rule::new(Fault::Status(503))
+            .method("GET")
+            .path("/blobs/")
+            .times(10_000),
+    );
+    let e = std::fs::read(mnt.join("f3")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5), "expected EIO, got {e}");
+    assert!(
+        agent.log().contains("f3") || agent.log().contains("chunk"),
+        "the failure is logged"
+    );
+    // Back: the same mount reads again.
+    proxy.clear();
+    assert!(std::fs::read(mnt.join("f3")).unwrap() == files[3].1);
+}
+
+/// A cache smaller than the image: reading everything works and the cache stays
+/// within its capacity.
+#[test]
+fn a_small_cache_holds_its_capacity() {
+    let t = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..12)
+        .map(|i| (format!("f{i:02}"), pseudo_random(4 << 20, 70 + i)))
+        .collect();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--prefetch", "none", "--cache-capacity", "16M"],
+    );
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    for _ in 0..2 {
+        for (path, data) in &files {
+            let got = std::fs::read(mnt.join(path)).unwrap_or_else(|e| {
+                let names: Vec<_> = std::fs::read_dir(&mnt)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                panic!(
+                    "{path}: {e}; the mount has {names:?}; agent log:\n{}",
+                    agent.log()
+                )
+            });
+            assert!(got == *data, "{path}");
+        }
+    }
+    let cache = &agent.status()["cache"];
+    assert!(cache["bytes"].as_u64().unwrap() <= 16 << 20, "{cache}");
+    assert!(cache["evictions"].as_u64().unwrap() > 0, "{cache}");
+}
+
+/// kill -9 during heavy reads: the restarted agent clears the stale mount, and
+/// everything read afterwards — much of it from the cache the killed agent was
+/// writing — is correct.
+#[test]
+fn a_killed_agent_leaves_nothing_corrupt() {
+    let t = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..16)
+        .map(|i| (format!("f{i:02}"), pseudo_random(4 << 20, 200 + i)))
+        .collect();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let mut agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "all"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    std::thread::scope(|scope| {
+        for r in 0..8usize {
+            let mnt = &mnt;
+            let files = &files;
+            scope.spawn(move || {
+                for k in 0..files.len() {
+                    // Reads die with the agent; only the aftermath is checked.
+                    let _ = std::fs::read(mnt.join(&files[(k + r) % files.len()].0));
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        agent.kill9();
+    });
+    assert!(
+        is_mounted(&mnt),
+        "the killed agent's mount should still be in the table"
+    );
+    agent.restart();
+    assert!(
+        !is_mounted(&mnt),
+        "the restarted agent did not clear the stale mount"
+    );
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    for (path, data) in &files {
+        assert!(std::fs::read(mnt.join(path)).unwrap() == *data, "{path}");
+    }
+}

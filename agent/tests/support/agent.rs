@@ -1,0 +1,181 @@
+//! A real `tessera agent` daemon per test: its own socket, cache and config in a temp
+//! dir, no credentials of this machine; stopped (SIGTERM, then SIGKILL) and its mounts
+//! cleared when dropped, even after a failed assertion.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::tessera;
+
+pub struct AgentProcess {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub cache_dir: PathBuf,
+    pub metrics: String,
+    extra: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("find a free port")
+        .port()
+}
+
+impl AgentProcess {
+    /// Starts an agent whose files live under `dir`, with `extra` flags.
+    pub fn start(dir: &Path, extra: &[&str]) -> AgentProcess {
+        std::fs::create_dir_all(dir).expect("agent dir");
+        let mut agent = AgentProcess {
+            child: None,
+            dir: dir.to_path_buf(),
+            socket: dir.join("agent.sock"),
+            cache_dir: dir.join("cache"),
+            metrics: format!("127.0.0.1:{}", free_port()),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        agent.spawn();
+        agent
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .expect("agent log");
+        let child = tessera()
+            .arg("agent")
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--cache-dir")
+            .arg(&self.cache_dir)
+            .arg("--metrics-listen")
+            .arg(&self.metrics)
+            .args(&self.extra)
+            .env("DOCKER_CONFIG", &self.dir)
+            .env_remove("TESSERA_CONFIG")
+            .env("TESSERA_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start tessera agent");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "agent did not listen on {} within 20 s:\n{}",
+            self.socket.display(),
+            self.log()
+        );
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// `tessera CMD ARGS --socket S`, whatever its outcome.
+    pub fn run(&self, args: &[&str]) -> Output {
+        tessera()
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("run tessera")
+    }
+
+    /// Like [`run`](Self::run), panicking with the agent's log if it fails.
+    pub fn ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "tessera {args:?} failed: {}\nstderr: {}\nagent log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        out
+    }
+
+    /// `tessera status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.ok(&["status", "--json"]).stdout).expect("status JSON")
+    }
+
+    /// The Prometheus text of the metrics endpoint.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.metrics).expect("connect to metrics");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    /// Kills the agent with SIGKILL (a crash: mounts are left behind).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the agent again with the same files (after [`kill9`](Self::kill9) or a stop).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    /// SIGTERM, and SIGKILL if it has not exited within 10 s.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.stop();
+        // Whatever a failed test left mounted under this agent's dir.
+        if let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") {
+            for line in table.lines() {
+                if let Some(mp) = line.split(' ').nth(4) {
+                    if Path::new(mp).starts_with(&self.dir) {
+                        let _ = Command::new("fusermount3").args(["-u", "-z", mp]).status();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether `path` is a mount point in this process's mount table.
+pub fn is_mounted(path: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let p = path.to_string_lossy();
+    table
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+}
