@@ -302,7 +302,11 @@ fn inodes_statfs_xattrs_and_times_are_faithful() {
     let vfs = rustix::fs::statvfs(&mp).unwrap();
     assert_eq!(vfs.f_files, u64::from(bootstrap.inode_count()));
     assert_eq!((vfs.f_bfree, vfs.f_ffree, vfs.f_namemax), (0, 0, 255));
-    assert!(vfs.f_blocks * vfs.f_frsize >= MIB as u64, "{vfs:?}");
+    assert!(
+        vfs.f_blocks * vfs.f_frsize >= MIB as u64,
+        "{}",
+        vfs.f_blocks
+    );
     assert!(vfs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY));
     let line = mountinfo_line(&mp).unwrap();
     let (options, fs_part) = line.split_once(" - ").unwrap();
@@ -314,7 +318,10 @@ fn inodes_statfs_xattrs_and_times_are_faithful() {
 
     // getxattr/listxattr size probes: 0 asks the size, too small is ERANGE.
     let file = mp.join("xattrs/file");
-    assert_eq!(rustix::fs::getxattr(&file, "user.text", &mut [][..]), Ok(5));
+    assert_eq!(
+        rustix::fs::getxattr(&file, "user.text", &mut [0u8; 0][..]),
+        Ok(5)
+    );
     let mut small = [0u8; 4];
     assert_eq!(
         rustix::fs::getxattr(&file, "user.text", &mut small[..]),
@@ -334,7 +341,7 @@ fn inodes_statfs_xattrs_and_times_are_faithful() {
         rustix::fs::getxattr(&file, "user.missing", &mut buf[..]),
         Err(Errno::NODATA)
     );
-    let size = rustix::fs::listxattr(&file, &mut [][..]).unwrap();
+    let size = rustix::fs::listxattr(&file, &mut [0u8; 0][..]).unwrap();
     assert_eq!(
         rustix::fs::listxattr(&file, &mut vec![0u8; size - 1][..]),
         Err(Errno::RANGE)

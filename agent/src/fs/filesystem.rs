@@ -50,6 +50,9 @@ pub struct ImageFs {
     statfs_blocks: Option<u64>,
 }
 
+/// An inode's extended attributes: (name, value), sorted by name.
+type Xattrs<'a> = Vec<(&'a [u8], &'a [u8])>;
+
 #[derive(Debug)]
 struct OpenFile {
     ino: u32,
@@ -176,7 +179,7 @@ impl ImageFs {
         })
     }
 
-    fn xattrs(&self, ino: u64) -> Result<Vec<(&[u8], &[u8])>, c_int> {
+    fn xattrs(&self, ino: u64) -> Result<Xattrs<'_>, c_int> {
         let inode = self.inode(ino)?;
         self.bootstrap
             .xattrs(&inode)
