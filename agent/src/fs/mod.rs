@@ -14,6 +14,7 @@
 //! - `attr` — inode records as FUSE attributes, and the cache lifetimes we promise.
 //! - `read` — a byte range of a file assembled from its pieces (chunks and holes).
 //! - `pool` — the worker threads reads run on.
+//! - `errno` — the error numbers we answer with.
 //! - `session` — [`mount`] and [`Mounted`]: the mount point, the session thread, a
 //!   clean unmount.
 //!

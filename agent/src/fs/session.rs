@@ -68,8 +68,37 @@ pub fn mount(
     let pool = Pool::new(opts.workers, &span)
         .map_err(|e| Error::io("start read workers for", &mountpoint, e))?;
     let fs = ImageFs::new(bootstrap, reader, stats.clone(), pool, opts.workers);
-    let mut session = Session::new(fs, &mountpoint, &mount_options(opts))
+    let session = Session::new(fs, &mountpoint, &mount_options(opts))
         .map_err(|e| Error::io("mount FUSE filesystem at", &mountpoint, e))?;
+    let mut mounted = run_session(session, mountpoint, stats, span)?;
+    // Served by the session thread: when it answers, the filesystem is up. (On an
+    // error, dropping `mounted` unmounts.)
+    match std::fs::metadata(&mounted.mountpoint) {
+        Ok(meta) if meta.dev() != underneath => mounted.dev = meta.dev(),
+        Ok(_) => {
+            let why = io::Error::other("the FUSE session ended at once (see the log)");
+            return Err(Error::io(
+                "mount FUSE filesystem at",
+                &mounted.mountpoint,
+                why,
+            ));
+        }
+        Err(e) => return Err(Error::io("stat new mount", &mounted.mountpoint, e)),
+    }
+    let (path, workers) = (mounted.mountpoint.display(), opts.workers);
+    mounted
+        .span
+        .in_scope(|| tracing::info!(mountpoint = %path, workers, "mounted"));
+    Ok(mounted)
+}
+
+/// Runs the session loop on a thread of its own, inside the mount's span.
+fn run_session(
+    mut session: Session<ImageFs>,
+    mountpoint: PathBuf,
+    stats: Arc<FsStats>,
+    span: tracing::Span,
+) -> Result<Mounted> {
     let unmounter = session.unmount_callable();
     let (ended_tx, ended) = mpsc::channel();
     let session_span = span.clone();
@@ -88,7 +117,7 @@ pub fn mount(
             result
         })
         .map_err(|e| Error::io("start FUSE session thread for", &mountpoint, e))?;
-    let mut mounted = Mounted {
+    Ok(Mounted {
         mountpoint,
         dev: 0,
         unmounter: Some(unmounter),
@@ -96,25 +125,7 @@ pub fn mount(
         ended,
         stats,
         span,
-    };
-    // Served by the session thread: when it answers, the filesystem is up. (On any
-    // error, dropping `mounted` unmounts.)
-    match std::fs::metadata(&mounted.mountpoint) {
-        Ok(meta) if meta.dev() != underneath => mounted.dev = meta.dev(),
-        Ok(_) => {
-            let why = io::Error::other("the FUSE session ended at once (see the log)");
-            return Err(Error::io(
-                "mount FUSE filesystem at",
-                &mounted.mountpoint,
-                why,
-            ));
-        }
-        Err(e) => return Err(Error::io("stat new mount", &mounted.mountpoint, e)),
-    }
-    mounted.span.in_scope(|| {
-        tracing::info!(mountpoint = %mounted.mountpoint.display(), workers = opts.workers, "mounted");
-    });
-    Ok(mounted)
+    })
 }
 
 /// The `fuser` options of a mount, and why:
