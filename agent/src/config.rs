@@ -68,6 +68,10 @@ pub struct FetchConfig {
     pub workers: usize,
     /// Chunks prefetched at once (on-demand reads are never limited by it).
     pub prefetch_concurrency: usize,
+    /// Recently read chunks kept in memory (the kernel reads a chunk in several
+    /// requests; each should not cost a disk read and a digest).
+    #[serde(with = "size")]
+    pub memory_bytes: u64,
 }
 
 impl Default for FetchConfig {
@@ -79,6 +83,7 @@ impl Default for FetchConfig {
             retries: 4,
             workers: 16,
             prefetch_concurrency: 2,
+            memory_bytes: 64 << 20,
         }
     }
 }

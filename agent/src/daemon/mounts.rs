@@ -394,8 +394,10 @@ async fn prefetch_image(
             break;
         };
         let (fetcher, image) = (fetcher.clone(), image.clone());
-        tasks.spawn(async move {
-            let ok = fetcher.chunk(&image.chunks, c).await.is_ok();
+        let runtime = tokio::runtime::Handle::current();
+        // On a blocking thread: the cache does file I/O and hashing.
+        tasks.spawn_blocking(move || {
+            let ok = runtime.block_on(fetcher.chunk(&image.chunks, c)).is_ok();
             drop(permit);
             ok
         });

@@ -134,7 +134,53 @@ pub struct Fetcher {
     config: FetchConfig,
     /// Chunks being fetched, with the channel their result will arrive on.
     inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
+    /// Chunks handed out lately, in memory.
+    recent: Mutex<Recent>,
     pub metrics: Arc<FetchMetrics>,
+}
+
+/// Chunks handed out lately, kept in memory up to a byte budget, oldest dropped first:
+/// the kernel reads a 1 MiB chunk in several requests (and many readers read the same
+/// hot chunks), and each must not cost a disk read and a digest.
+#[derive(Debug)]
+struct Recent {
+    budget: u64,
+    bytes: u64,
+    chunks: HashMap<ChunkKey, Arc<Vec<u8>>>,
+    order: std::collections::VecDeque<ChunkKey>,
+}
+
+impl Recent {
+    fn new(budget: u64) -> Self {
+        Recent {
+            budget,
+            bytes: 0,
+            chunks: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+        }
+    }
+
+    fn get(&self, key: &ChunkKey) -> Option<Arc<Vec<u8>>> {
+        self.chunks.get(key).cloned()
+    }
+
+    fn put(&mut self, key: ChunkKey, data: Arc<Vec<u8>>) {
+        let len = data.len() as u64;
+        if len > self.budget || self.chunks.contains_key(&key) {
+            return;
+        }
+        self.chunks.insert(key, data);
+        self.order.push_back(key);
+        self.bytes += len;
+        while self.bytes > self.budget {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(d) = self.chunks.remove(&old) {
+                self.bytes -= d.len() as u64;
+            }
+        }
+    }
 }
 
 /// What a request for a chunk does: fetch it (and its neighbours), or wait for the
@@ -161,8 +207,9 @@ impl Fetcher {
         Fetcher {
             cache,
             origin,
-            config,
             inflight: Mutex::new(HashMap::new()),
+            recent: Mutex::new(Recent::new(config.memory_bytes)),
+            config,
             metrics,
         }
     }
@@ -183,11 +230,21 @@ impl Fetcher {
         };
         loop {
             let started = Instant::now();
-            if let Some(data) = self.cache.get(&key)? {
+            let recent = self
+                .recent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key);
+            let cached = match recent {
+                Some(data) => Some(data),
+                None => self.cache.get(&key)?.map(Arc::new),
+            };
+            if let Some(data) = cached {
                 let len = data.len() as u64;
                 image.stats.cache_bytes.fetch_add(len, Ordering::Relaxed);
                 self.metrics.record(Source::Cache, len, started.elapsed());
-                return Ok(Arc::new(data));
+                self.remember(key, &data);
+                return Ok(data);
             }
             let role = {
                 let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
@@ -197,7 +254,11 @@ impl Fetcher {
                 }
             };
             match role {
-                Role::Lead(run) => return self.lead(image, run).await.map_err(fail),
+                Role::Lead(run) => {
+                    let data = self.lead(image, run).await.map_err(fail)?;
+                    self.remember(key, &data);
+                    return Ok(data);
+                }
                 Role::Wait(mut rx) => match rx.wait_for(Option::is_some).await {
                     Ok(outcome) => {
                         return outcome
@@ -210,6 +271,13 @@ impl Fetcher {
                 },
             }
         }
+    }
+
+    fn remember(&self, key: ChunkKey, data: &Arc<Vec<u8>>) {
+        self.recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .put(key, data.clone());
     }
 
     /// Registers `first` and the contiguous missing chunks after it (within

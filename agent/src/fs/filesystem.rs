@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fuser::consts::FOPEN_KEEP_CACHE;
+use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
     FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
@@ -219,6 +219,18 @@ impl Filesystem for ImageFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), c_int> {
         // Fails only for 0, which max_background never is.
         let _ = config.set_max_background(self.max_background);
+        // Reads of up to a whole 1 MiB chunk per request instead of 128 KiB.
+        let _ = config.set_max_readahead(1 << 20);
+        // Each is an optimisation the kernel may not offer: ask one by one, so a kernel
+        // without one still gets the others.
+        for capability in [
+            consts::FUSE_DO_READDIRPLUS,
+            consts::FUSE_READDIRPLUS_AUTO,
+            consts::FUSE_CACHE_SYMLINKS,
+            consts::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(capability);
+        }
         Ok(())
     }
 
