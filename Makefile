@@ -8,7 +8,7 @@ CARGO ?= cargo
 # setfattr, FUSE and the registry for later issues.
 TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry
 
-.PHONY: test test-deps lint unit demo bench bench-convert fuzz
+.PHONY: test test-deps lint unit demo bench bench-convert bench-mount fuzz
 
 test: test-deps lint unit
 
@@ -38,6 +38,11 @@ bench:
 bench-convert:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/convert.sh
+
+# Lazy-mount reads vs curl of the blob and the native filesystem (TESSERA_BENCH_MOUNT_MB, default 1024).
+bench-mount:
+	$(CARGO) build --release -p tessera-agent --bin tessera
+	bash benches/mount.sh
 
 fuzz:
 	bash rafs-format/fuzz/run.sh

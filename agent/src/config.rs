@@ -57,6 +57,10 @@ pub struct FetchConfig {
     /// many bytes (the requested chunk is always fetched whole).
     #[serde(with = "size")]
     pub merge_bytes: u64,
+    /// When a file is read sequentially, its next chunks up to this many bytes are
+    /// fetched in the background (0: off), so the network works while the reader reads.
+    #[serde(with = "size")]
+    pub readahead_bytes: u64,
     /// Attempts at a chunk (each already retried by the registry client) before a read
     /// fails with EIO.
     pub attempts: u32,
@@ -78,6 +82,7 @@ impl Default for FetchConfig {
     fn default() -> Self {
         FetchConfig {
             merge_bytes: 1 << 20,
+            readahead_bytes: 8 << 20,
             attempts: 3,
             timeout_secs: 30,
             retries: 4,

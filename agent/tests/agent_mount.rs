@@ -518,3 +518,63 @@ fn record_prefetch_and_the_tcp_api() {
         "{human}"
     );
 }
+
+/// A token-auth registry whose tokens live 2 s: the agent, with the node's credentials
+/// from docker's config.json, keeps reading across many expiries (the registry 401s a
+/// stale token mid-pull; the client renews it), and the mount never sees an error.
+#[test]
+fn reads_outlive_expiring_registry_tokens() {
+    use support::registry::Auth;
+    use support::token_server::TokenConfig;
+    let t = tempfile::tempdir().unwrap();
+    let files: Vec<(String, Vec<u8>)> = (0..6)
+        .map(|i| (format!("f{i}"), pseudo_random(1 << 20, 500 + i)))
+        .collect();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let (user, password) = ("tessera", "pw-Ag3nt-never-print-me");
+    let registry = Registry::start_with(Auth::Token(TokenConfig::new(user, password)));
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let agent_dir = t.path().join("agent");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    // Both the converter and the agent take credentials from this config.json.
+    std::fs::write(
+        agent_dir.join("config.json"),
+        serde_json::json!({"auths": {registry.addr.clone(): {"auth": auth}}}).to_string(),
+    )
+    .unwrap();
+    convert(
+        &agent_dir,
+        &format!("{}/src/app:v1", registry.addr),
+        &format!("{}/tessera/app:v1", registry.addr),
+        &[],
+    );
+    let tokens = registry.token_server().unwrap();
+    tokens.set_lifetime(std::time::Duration::from_secs(2));
+    let agent = AgentProcess::start(&agent_dir, &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&[
+        "mount",
+        &format!("{}/tessera/app:v1", registry.addr),
+        s(&mnt),
+    ]);
+    let before = tokens.tokens_issued();
+    for (path, data) in &files {
+        std::thread::sleep(std::time::Duration::from_millis(900));
+        assert!(std::fs::read(mnt.join(path)).unwrap() == *data, "{path}");
+    }
+    assert!(
+        tokens.tokens_issued() - before >= 2,
+        "tokens were not renewed"
+    );
+    assert!(
+        !agent.log().contains(password),
+        "the agent logged the password"
+    );
+}

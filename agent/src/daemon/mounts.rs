@@ -38,8 +38,10 @@ pub struct Mount {
 /// What the filesystem reads through: the image's chunks, and the read statistics.
 #[derive(Debug)]
 pub struct MountedImage {
-    pub chunks: ImageChunks,
+    pub chunks: Arc<ImageChunks>,
     fetcher: Arc<Fetcher>,
+    /// `fetch.readahead_bytes`.
+    readahead: u64,
     runtime: tokio::runtime::Handle,
     /// The image as the mount request named it.
     requested: String,
@@ -55,6 +57,17 @@ pub struct MountedImage {
 
 impl ChunkReader for MountedImage {
     fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
+        for next in self.chunks.read_ahead(chunk, self.readahead) {
+            let (fetcher, chunks, runtime) = (
+                self.fetcher.clone(),
+                self.chunks.clone(),
+                self.runtime.clone(),
+            );
+            // A blocking thread: the cache does file I/O and hashing.
+            self.runtime.spawn_blocking(move || {
+                let _ = runtime.block_on(fetcher.chunk(&chunks, next));
+            });
+        }
         self.runtime
             .block_on(self.fetcher.chunk(&self.chunks, chunk))
             .map_err(|e| {
@@ -252,7 +265,10 @@ impl Agent {
         let resolved =
             registry_image::resolve_platform(&self.client, &reference, &platform).await?;
         let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
-        let chunks = ImageChunks::new(bootstrap.clone(), resolved.reference.clone())?;
+        let chunks = Arc::new(ImageChunks::new(
+            bootstrap.clone(),
+            resolved.reference.clone(),
+        )?);
         let recorder = match &record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
@@ -260,6 +276,7 @@ impl Agent {
         let mounted_image = Arc::new(MountedImage {
             chunks,
             fetcher: self.fetcher.clone(),
+            readahead: self.config.fetch.readahead_bytes,
             runtime: self.runtime.clone(),
             requested: image.to_string(),
             digest: resolved.raw.digest.clone(),

@@ -47,6 +47,11 @@ pub struct ImageChunks {
     order: Vec<Vec<u32>>,
     /// Each chunk's position in its blob's `order`.
     position: Vec<u32>,
+    /// The first file (inode) that uses each chunk: read-ahead stays within a file.
+    owner: Vec<u32>,
+    /// Per blob, the position of the last chunk read and the furthest position
+    /// read-ahead was started for.
+    sequence: Mutex<HashMap<u32, (u32, u32)>>,
     pub stats: PullStats,
 }
 
@@ -108,14 +113,64 @@ impl ImageChunks {
                 position[c as usize] = pos as u32;
             }
         }
+        let mut owner = vec![0u32; bootstrap.chunk_count() as usize];
+        rafs_format::image::for_each_entry(&bootstrap, |_, inode, first| {
+            if first && inode.kind == rafs_format::reader::FileKind::Regular {
+                for piece in bootstrap.file_chunks(inode).unwrap_or_default() {
+                    if let Some(c) = piece.chunk {
+                        let slot = &mut owner[c as usize];
+                        if *slot == 0 {
+                            *slot = inode.ino;
+                        }
+                    }
+                }
+            }
+        })?;
         Ok(ImageChunks {
             blob_digests: blobs.iter().map(|b| b.oci_digest()).collect(),
             bootstrap,
             reference,
             order,
             position,
+            owner,
+            sequence: Mutex::new(HashMap::new()),
             stats: PullStats::default(),
         })
+    }
+
+    /// Chunks to read ahead after a read of `chunk`: when reads of its blob go
+    /// sequentially, the following chunks of the same file, up to `window` bytes past
+    /// the read, that no earlier read-ahead has asked for.
+    pub fn read_ahead(&self, chunk: u32, window: u64) -> Vec<u32> {
+        let Ok(info) = self.bootstrap.chunk(chunk) else {
+            return Vec::new();
+        };
+        let pos = self.position[chunk as usize];
+        let mut sequence = self.sequence.lock().unwrap_or_else(|p| p.into_inner());
+        let (last, ahead) = sequence.entry(info.blob_index).or_insert((u32::MAX, 0));
+        let sequential = *last != u32::MAX && (pos == *last || pos == last.wrapping_add(1));
+        *last = pos;
+        if !sequential || window == 0 {
+            return Vec::new();
+        }
+        let order = &self.order[info.blob_index as usize];
+        let owner = self.owner[chunk as usize];
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        for (p, &next) in order.iter().enumerate().skip(pos as usize + 1) {
+            if self.owner[next as usize] != owner || bytes >= window {
+                break;
+            }
+            bytes += self
+                .bootstrap
+                .chunk(next)
+                .map_or(0, |i| u64::from(i.compressed_size));
+            if p as u32 > *ahead {
+                out.push(next);
+                *ahead = p as u32;
+            }
+        }
+        out
     }
 
     fn key(&self, info: &ChunkInfo) -> ChunkKey {
