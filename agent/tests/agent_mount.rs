@@ -100,6 +100,8 @@ fn mounted_image_equals_umoci_unpack() {
         "tessera_agent_chunk_fetch_seconds_bucket",
         "tessera_agent_cache_misses_total",
         "tessera_agent_mounts 1",
+        "tessera_agent_fuse_read_seconds_count",
+        "tessera_agent_fuse_lookups_total",
     ] {
         assert!(metrics.contains(name), "{name} missing from\n{metrics}");
     }

@@ -83,7 +83,7 @@ fn mount(bootstrap: &Arc<Bootstrap>, reader: Arc<ImageReader>, mountpoint: &Path
     let opts = MountOptions {
         fsname: "tessera:test".into(),
         workers: 16,
-        allow_other: false,
+        ..MountOptions::default()
     };
     tfs::mount(bootstrap.clone(), reader, mountpoint, &opts).unwrap()
 }

@@ -290,6 +290,7 @@ impl Agent {
             fsname: format!("{}{reference}", super::stale::source_prefix(&self.owner)),
             workers: self.config.fetch.workers,
             allow_other: true,
+            read_latency: Some(self.fetcher.metrics.fuse_read_seconds.clone()),
         };
         let session = {
             let (b, reader, mp) = (

@@ -51,6 +51,8 @@ pub struct FetchMetrics {
     pub errors: Family<SourceLabel, Counter>,
     /// Range requests in flight.
     pub inflight: Gauge,
+    /// FUSE read latency as the workload sees it (queueing and fetching included).
+    pub fuse_read_seconds: Histogram,
 }
 
 impl Default for FetchMetrics {
@@ -62,6 +64,7 @@ impl Default for FetchMetrics {
             verification_failures: Family::default(),
             errors: Family::default(),
             inflight: Gauge::default(),
+            fuse_read_seconds: latency_histogram(),
         }
     }
 }
@@ -92,6 +95,11 @@ impl FetchMetrics {
             "tessera_agent_fetch_errors",
             "Failed fetches from a source after the client's retries",
             self.errors.clone(),
+        );
+        registry.register(
+            "tessera_agent_fuse_read_seconds",
+            "Latency of FUSE reads, fetching included",
+            self.fuse_read_seconds.clone(),
         );
         registry.register(
             "tessera_agent_fetches_in_flight",

@@ -18,6 +18,7 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
     Request, TimeOrNow,
 };
+use prometheus_client::metrics::histogram::Histogram;
 use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
 
 use super::attr::{self, TTL};
@@ -48,6 +49,8 @@ pub struct ImageFs {
     max_background: u16,
     /// The image's data size in `STATFS_BLOCK`s, computed at the first `statfs`.
     statfs_blocks: Option<u64>,
+    /// Where read latency (queueing included) is recorded, if anywhere.
+    read_latency: Option<Histogram>,
 }
 
 /// An inode's extended attributes: (name, value), sorted by name.
@@ -76,6 +79,7 @@ impl ImageFs {
         stats: Arc<FsStats>,
         pool: Pool,
         workers: usize,
+        read_latency: Option<Histogram>,
     ) -> Self {
         let max_background = workers.saturating_mul(2).clamp(16, 1024) as u16;
         ImageFs {
@@ -87,6 +91,7 @@ impl ImageFs {
             next_fh: 1,
             max_background,
             statfs_blocks: None,
+            read_latency,
         }
     }
 
@@ -305,11 +310,16 @@ impl Filesystem for ImageFs {
             .observe_read(file.ino, range.start, range.end - range.start);
         let (ino, pieces) = (file.ino, file.pieces.clone());
         let (reader, stats) = (self.reader.clone(), self.stats.clone());
+        let (started, latency) = (std::time::Instant::now(), self.read_latency.clone());
         self.pool.execute(move |unmounted| {
             if unmounted {
                 return reply.error(EIO);
             }
-            match read_range(&pieces, range.clone(), reader.as_ref()) {
+            let result = read_range(&pieces, range.clone(), reader.as_ref());
+            if let Some(h) = &latency {
+                h.observe(started.elapsed().as_secs_f64());
+            }
+            match result {
                 Ok(data) => {
                     let bytes = data.as_slice();
                     FsStats::count(&stats.read_bytes, bytes.len() as u64);

@@ -66,6 +66,8 @@ pub struct MountOptions {
     pub workers: usize,
     /// Let users other than the one mounting (root) use the mount, as containers need.
     pub allow_other: bool,
+    /// Records each read's latency, queueing for a worker included.
+    pub read_latency: Option<prometheus_client::metrics::histogram::Histogram>,
 }
 
 impl Default for MountOptions {
@@ -74,6 +76,7 @@ impl Default for MountOptions {
             fsname: "tessera".into(),
             workers: 16,
             allow_other: false,
+            read_latency: None,
         }
     }
 }

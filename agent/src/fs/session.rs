@@ -67,7 +67,14 @@ pub fn mount(
     let stats = Arc::new(FsStats::default());
     let pool = Pool::new(opts.workers, &span)
         .map_err(|e| Error::io("start read workers for", &mountpoint, e))?;
-    let fs = ImageFs::new(bootstrap, reader, stats.clone(), pool, opts.workers);
+    let fs = ImageFs::new(
+        bootstrap,
+        reader,
+        stats.clone(),
+        pool,
+        opts.workers,
+        opts.read_latency.clone(),
+    );
     let session = Session::new(fs, &mountpoint, &mount_options(opts))
         .map_err(|e| Error::io("mount FUSE filesystem at", &mountpoint, e))?;
     let mut mounted = run_session(session, mountpoint, stats, span)?;
