@@ -1,4 +1,17 @@
-//! Tessera's wire protocols: agent ↔ scheduler and agent ↔ agent.
+//! Tessera's wire protocols: agent ↔ scheduler and agent ↔ agent
+//! (`proto/tessera/v1/tessera.proto`, compiled at build time by protox + tonic-build).
 //!
-//! Empty until the peer-to-peer issue defines the `.proto` files; the crate exists so
-//! the workspace already has the shape the architecture describes.
+//! [`pb`] holds the generated messages and services. [`domain`] holds the checked types
+//! the scheduler and agents work with: each is made from its message with `TryFrom` on
+//! the receiving side, and a bad message is an [`Invalid`] naming the field, which
+//! becomes `invalid_argument` at the gRPC boundary.
+
+pub mod domain;
+
+/// Generated from `tessera.proto`.
+#[allow(clippy::all, missing_debug_implementations, unused_qualifications)]
+pub mod pb {
+    tonic::include_proto!("tessera.v1");
+}
+
+pub use domain::Invalid;

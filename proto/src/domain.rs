@@ -1,0 +1,519 @@
+//! Checked forms of the protocol's messages. Receivers convert every message with
+//! `TryFrom` before using it, so nothing downstream sees an empty id, a malformed
+//! digest, an inverted range or an address that does not parse.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use crate::pb;
+
+/// A message field that does not hold what the protocol promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {reason}")]
+pub struct Invalid {
+    /// Dotted path of the field (`host.address`, `held[2].ranges[0]`).
+    pub field: String,
+    pub reason: String,
+}
+
+impl Invalid {
+    fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same problem, one level deeper in the message (`held[2]` + `.blob`).
+    fn within(self, parent: impl std::fmt::Display) -> Self {
+        Invalid {
+            field: format!("{parent}.{}", self.field),
+            reason: self.reason,
+        }
+    }
+}
+
+impl From<Invalid> for tonic::Status {
+    fn from(e: Invalid) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+/// Longest host id, label key or value accepted.
+const MAX_NAME: usize = 253;
+
+fn name(field: &str, value: String) -> Result<String, Invalid> {
+    if value.is_empty() {
+        return Err(Invalid::new(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME {
+        return Err(Invalid::new(field, format!("longer than {MAX_NAME} bytes")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(Invalid::new(field, "contains control characters"));
+    }
+    Ok(value)
+}
+
+/// A host's id in the swarm.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostId(pub String);
+
+impl HostId {
+    pub fn parse(field: &str, value: String) -> Result<Self, Invalid> {
+        name(field, value).map(HostId)
+    }
+}
+
+/// A blob's digest, `sha256:<64 lowercase hex>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobDigest(pub String);
+
+impl BlobDigest {
+    pub fn parse(field: &str, value: String) -> Result<Self, Invalid> {
+        let hex = value
+            .strip_prefix("sha256:")
+            .ok_or_else(|| Invalid::new(field, "must start with sha256:"))?;
+        if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(Invalid::new(
+                field,
+                "must be sha256: and 64 lowercase hex digits",
+            ));
+        }
+        Ok(BlobDigest(value))
+    }
+}
+
+/// `[start, end)` of a blob, non-empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ByteRange {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl TryFrom<pb::ByteRange> for ByteRange {
+    type Error = Invalid;
+    fn try_from(r: pb::ByteRange) -> Result<Self, Invalid> {
+        if r.start >= r.end {
+            return Err(Invalid::new(
+                "",
+                format!("start {} is not before end {}", r.start, r.end),
+            ));
+        }
+        Ok(ByteRange {
+            start: r.start,
+            end: r.end,
+        })
+    }
+}
+
+impl From<ByteRange> for pb::ByteRange {
+    fn from(r: ByteRange) -> Self {
+        pb::ByteRange {
+            start: r.start,
+            end: r.end,
+        }
+    }
+}
+
+fn range(field: &str, r: Option<pb::ByteRange>) -> Result<ByteRange, Invalid> {
+    let r = r.ok_or_else(|| Invalid::new(field, "missing"))?;
+    ByteRange::try_from(r).map_err(|e| Invalid::new(field, e.reason))
+}
+
+/// A host as it registers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub id: HostId,
+    pub address: SocketAddr,
+    pub labels: BTreeMap<String, String>,
+    /// Bytes per second the host uploads at most; `None`: unlimited.
+    pub upload_limit_bps: Option<u64>,
+    pub max_uploads: u32,
+}
+
+impl TryFrom<pb::Host> for Host {
+    type Error = Invalid;
+    fn try_from(h: pb::Host) -> Result<Self, Invalid> {
+        let id = HostId::parse("id", h.id)?;
+        let address = h
+            .address
+            .parse()
+            .map_err(|_| Invalid::new("address", format!("{:?} is not host:port", h.address)))?;
+        let mut labels = BTreeMap::new();
+        for (k, v) in h.labels {
+            let key = name("labels", k)?;
+            let value = name(&format!("labels[{key}]"), v)?;
+            labels.insert(key, value);
+        }
+        if h.max_uploads == 0 {
+            return Err(Invalid::new("max_uploads", "must be at least 1"));
+        }
+        Ok(Host {
+            id,
+            address,
+            labels,
+            upload_limit_bps: (h.upload_limit_bps > 0).then_some(h.upload_limit_bps),
+            max_uploads: h.max_uploads,
+        })
+    }
+}
+
+impl From<Host> for pb::Host {
+    fn from(h: Host) -> Self {
+        pb::Host {
+            id: h.id.0,
+            address: h.address.to_string(),
+            labels: h.labels.into_iter().collect(),
+            upload_limit_bps: h.upload_limit_bps.unwrap_or(0),
+            max_uploads: h.max_uploads,
+        }
+    }
+}
+
+/// Byte ranges of one blob, sorted and merged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRanges {
+    pub blob: BlobDigest,
+    pub ranges: Vec<ByteRange>,
+}
+
+impl TryFrom<pb::BlobRanges> for BlobRanges {
+    type Error = Invalid;
+    fn try_from(b: pb::BlobRanges) -> Result<Self, Invalid> {
+        let blob = BlobDigest::parse("blob", b.blob)?;
+        let mut ranges = b
+            .ranges
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                ByteRange::try_from(r).map_err(|e| Invalid::new(format!("ranges[{i}]"), e.reason))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ranges.sort_unstable();
+        let mut merged: Vec<ByteRange> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        Ok(BlobRanges {
+            blob,
+            ranges: merged,
+        })
+    }
+}
+
+fn blob_ranges(field: &str, list: Vec<pb::BlobRanges>) -> Result<Vec<BlobRanges>, Invalid> {
+    list.into_iter()
+        .enumerate()
+        .map(|(i, b)| BlobRanges::try_from(b).map_err(|e| e.within(format!("{field}[{i}]"))))
+        .collect()
+}
+
+/// What a host announces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announce {
+    pub host: HostId,
+    pub held: Vec<BlobRanges>,
+    pub dropped: Vec<BlobRanges>,
+    pub full: bool,
+}
+
+impl TryFrom<pb::AnnounceRequest> for Announce {
+    type Error = Invalid;
+    fn try_from(a: pb::AnnounceRequest) -> Result<Self, Invalid> {
+        Ok(Announce {
+            host: HostId::parse("host_id", a.host_id)?,
+            held: blob_ranges("held", a.held)?,
+            dropped: blob_ranges("dropped", a.dropped)?,
+            full: a.full,
+        })
+    }
+}
+
+/// A request for who holds a range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FindPeers {
+    pub host: HostId,
+    pub blob: BlobDigest,
+    pub range: ByteRange,
+}
+
+impl TryFrom<pb::FindPeersRequest> for FindPeers {
+    type Error = Invalid;
+    fn try_from(f: pb::FindPeersRequest) -> Result<Self, Invalid> {
+        Ok(FindPeers {
+            host: HostId::parse("host_id", f.host_id)?,
+            blob: BlobDigest::parse("blob", f.blob)?,
+            range: range("range", f.range)?,
+        })
+    }
+}
+
+/// How a transfer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Ok,
+    Timeout,
+    Connection,
+    VerificationFailed,
+    NotFound,
+    Other,
+}
+
+/// One transfer's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// `None`: from the origin.
+    pub peer: Option<HostId>,
+    pub blob: BlobDigest,
+    pub range: ByteRange,
+    pub bytes: u64,
+    pub duration_us: u64,
+    pub outcome: Outcome,
+}
+
+impl TryFrom<pb::Transfer> for Transfer {
+    type Error = Invalid;
+    fn try_from(t: pb::Transfer) -> Result<Self, Invalid> {
+        let outcome = match pb::Outcome::try_from(t.outcome) {
+            Ok(pb::Outcome::Ok) => Outcome::Ok,
+            Ok(pb::Outcome::Timeout) => Outcome::Timeout,
+            Ok(pb::Outcome::Connection) => Outcome::Connection,
+            Ok(pb::Outcome::VerificationFailed) => Outcome::VerificationFailed,
+            Ok(pb::Outcome::NotFound) => Outcome::NotFound,
+            Ok(pb::Outcome::Other) => Outcome::Other,
+            Ok(pb::Outcome::Unspecified) | Err(_) => {
+                return Err(Invalid::new(
+                    "outcome",
+                    format!("{} is not an outcome", t.outcome),
+                ))
+            }
+        };
+        Ok(Transfer {
+            peer: if t.peer_id.is_empty() {
+                None
+            } else {
+                Some(HostId::parse("peer_id", t.peer_id)?)
+            },
+            blob: BlobDigest::parse("blob", t.blob)?,
+            range: range("range", t.range)?,
+            bytes: t.bytes,
+            duration_us: t.duration_us,
+            outcome,
+        })
+    }
+}
+
+/// The chunks a peer is asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchChunks {
+    pub algorithm: DigestAlgorithm,
+    pub digests: Vec<[u8; 32]>,
+}
+
+/// How chunk digests are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DigestAlgorithm {
+    Sha256,
+    Blake3,
+}
+
+/// Most chunks asked for in one request (bounds the work one request can cause).
+pub const MAX_FETCH_CHUNKS: usize = 1024;
+
+impl TryFrom<pb::FetchChunksRequest> for FetchChunks {
+    type Error = Invalid;
+    fn try_from(f: pb::FetchChunksRequest) -> Result<Self, Invalid> {
+        let algorithm = match f.digest_algorithm.as_str() {
+            "sha256" => DigestAlgorithm::Sha256,
+            "blake3" => DigestAlgorithm::Blake3,
+            other => {
+                return Err(Invalid::new(
+                    "digest_algorithm",
+                    format!("{other:?} is not sha256 or blake3"),
+                ))
+            }
+        };
+        if f.digests.is_empty() || f.digests.len() > MAX_FETCH_CHUNKS {
+            return Err(Invalid::new(
+                "digests",
+                format!(
+                    "{} digests; 1..={MAX_FETCH_CHUNKS} allowed",
+                    f.digests.len()
+                ),
+            ));
+        }
+        let digests = f
+            .digests
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                <[u8; 32]>::try_from(d.as_slice()).map_err(|_| {
+                    Invalid::new(
+                        format!("digests[{i}]"),
+                        format!("{} bytes, not 32", d.len()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(FetchChunks { algorithm, digests })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    #[test]
+    fn hosts_are_checked_field_by_field() {
+        let good = pb::Host {
+            id: "node-1".into(),
+            address: "10.0.0.1:7070".into(),
+            labels: [("zone".to_string(), "a".to_string())].into(),
+            upload_limit_bps: 0,
+            max_uploads: 8,
+        };
+        let host = Host::try_from(good.clone()).unwrap();
+        assert_eq!(host.upload_limit_bps, None);
+        assert_eq!(pb::Host::from(host), good);
+        for (bad, field) in [
+            (
+                pb::Host {
+                    id: String::new(),
+                    ..good.clone()
+                },
+                "id",
+            ),
+            (
+                pb::Host {
+                    address: "nope".into(),
+                    ..good.clone()
+                },
+                "address",
+            ),
+            (
+                pb::Host {
+                    max_uploads: 0,
+                    ..good.clone()
+                },
+                "max_uploads",
+            ),
+            (
+                pb::Host {
+                    labels: [("zone".to_string(), String::new())].into(),
+                    ..good.clone()
+                },
+                "labels[zone]",
+            ),
+        ] {
+            let e = Host::try_from(bad).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            let status = tonic::Status::from(e);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().contains(field));
+        }
+    }
+
+    #[test]
+    fn announcements_merge_ranges_and_name_bad_fields() {
+        let a = Announce::try_from(pb::AnnounceRequest {
+            host_id: "h".into(),
+            held: vec![pb::BlobRanges {
+                blob: digest('a'),
+                ranges: vec![
+                    pb::ByteRange { start: 10, end: 20 },
+                    pb::ByteRange { start: 0, end: 10 },
+                    pb::ByteRange { start: 30, end: 40 },
+                ],
+            }],
+            full: true,
+            dropped: vec![],
+        })
+        .unwrap();
+        assert_eq!(
+            a.held[0].ranges,
+            [
+                ByteRange { start: 0, end: 20 },
+                ByteRange { start: 30, end: 40 }
+            ]
+        );
+        let e = Announce::try_from(pb::AnnounceRequest {
+            host_id: "h".into(),
+            held: vec![
+                pb::BlobRanges {
+                    blob: digest('a'),
+                    ranges: vec![],
+                },
+                pb::BlobRanges {
+                    blob: digest('b'),
+                    ranges: vec![pb::ByteRange { start: 5, end: 5 }],
+                },
+            ],
+            full: false,
+            dropped: vec![],
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "held[1].ranges[0]", "{e}");
+        let e = BlobDigest::parse("blob", "sha256:ABC".into()).unwrap_err();
+        assert_eq!(e.field, "blob");
+    }
+
+    #[test]
+    fn peer_requests_are_bounded() {
+        let ok = FetchChunks::try_from(pb::FetchChunksRequest {
+            digest_algorithm: "blake3".into(),
+            digests: vec![vec![7; 32]],
+        })
+        .unwrap();
+        assert_eq!(ok.algorithm, DigestAlgorithm::Blake3);
+        for (req, field) in [
+            (
+                pb::FetchChunksRequest {
+                    digest_algorithm: "md5".into(),
+                    digests: vec![vec![0; 32]],
+                },
+                "digest_algorithm",
+            ),
+            (
+                pb::FetchChunksRequest {
+                    digest_algorithm: "sha256".into(),
+                    digests: vec![],
+                },
+                "digests",
+            ),
+            (
+                pb::FetchChunksRequest {
+                    digest_algorithm: "sha256".into(),
+                    digests: vec![vec![0; 32], vec![0; 31]],
+                },
+                "digests[1]",
+            ),
+        ] {
+            assert_eq!(FetchChunks::try_from(req).unwrap_err().field, field);
+        }
+        let e = FindPeers::try_from(pb::FindPeersRequest {
+            host_id: "h".into(),
+            blob: digest('c'),
+            range: None,
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "range");
+        let e = Transfer::try_from(pb::Transfer {
+            peer_id: String::new(),
+            blob: digest('c'),
+            range: Some(pb::ByteRange { start: 0, end: 1 }),
+            bytes: 1,
+            duration_us: 1,
+            outcome: 0,
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "outcome");
+    }
+}
