@@ -16,6 +16,7 @@ mod error;
 pub mod fetch;
 pub mod fs;
 pub mod fuzzing;
+pub mod peer;
 pub mod registry;
 
 pub use error::{Error, Result};

@@ -1,0 +1,122 @@
+//! The `tessera.v1.PeerService`: other agents fetch chunks by digest from this node's
+//! cache. Only verified data is ever served — the cache holds nothing else and
+//! re-verifies on read — and the requester verifies again on arrival, trusting no peer.
+//! Uploads are bounded in number and in bandwidth so serving peers never starves the
+//! node's own workloads.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rafs_format::chunk::DigestAlgo;
+use tessera_proto::domain::{DigestAlgorithm, FetchChunks};
+use tessera_proto::pb;
+use tokio::sync::Semaphore;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::cache::{ChunkCache, ChunkKey};
+
+/// Limits on what this node gives to peers.
+#[derive(Debug, Clone)]
+pub struct UploadLimits {
+    /// Requests served at once; more are refused with `resource_exhausted` (the
+    /// requester tries another peer rather than queueing here).
+    pub max_uploads: usize,
+    /// Bytes per second across all uploads; `None`: unlimited.
+    pub bytes_per_sec: Option<u64>,
+}
+
+/// Serves cached chunks to peers.
+#[derive(Debug, Clone)]
+pub struct PeerServer {
+    cache: Arc<ChunkCache>,
+    uploads: Arc<Semaphore>,
+    limits: UploadLimits,
+    /// When the bandwidth budget next has room (shared by all uploads).
+    pacer: Arc<tokio::sync::Mutex<Instant>>,
+}
+
+impl PeerServer {
+    pub fn new(cache: Arc<ChunkCache>, limits: UploadLimits) -> Self {
+        PeerServer {
+            cache,
+            uploads: Arc::new(Semaphore::new(limits.max_uploads.max(1))),
+            limits,
+            pacer: Arc::new(tokio::sync::Mutex::new(Instant::now())),
+        }
+    }
+
+    /// Uploads in progress.
+    pub fn active_uploads(&self) -> usize {
+        self.limits.max_uploads.max(1) - self.uploads.available_permits()
+    }
+}
+
+/// Waits until `bytes` fit the bandwidth budget (a virtual clock advanced by each send).
+async fn pace(pacer: &tokio::sync::Mutex<Instant>, bytes: usize, rate: Option<u64>) {
+    let Some(rate) = rate.filter(|r| *r > 0) else {
+        return;
+    };
+    let cost = Duration::from_secs_f64(bytes as f64 / rate as f64);
+    let ready = {
+        let mut next = pacer.lock().await;
+        let start = (*next).max(Instant::now());
+        *next = start + cost;
+        start
+    };
+    tokio::time::sleep_until(ready.into()).await;
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ChunkData, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::peer_service_server::PeerService for PeerServer {
+    type FetchChunksStream = ChunkStream;
+
+    async fn fetch_chunks(
+        &self,
+        request: Request<pb::FetchChunksRequest>,
+    ) -> Result<Response<Self::FetchChunksStream>, Status> {
+        let wanted = FetchChunks::try_from(request.into_inner())?;
+        let permit = self.uploads.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted("this peer is serving its maximum of uploads")
+        })?;
+        let algo = match wanted.algorithm {
+            DigestAlgorithm::Sha256 => DigestAlgo::Sha256,
+            DigestAlgorithm::Blake3 => DigestAlgo::Blake3,
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (cache, pacer, rate) = (
+            self.cache.clone(),
+            self.pacer.clone(),
+            self.limits.bytes_per_sec,
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            for digest in wanted.digests {
+                let key = ChunkKey { algo, digest };
+                // The cache does file I/O and re-verifies: off the async workers.
+                let cache = cache.clone();
+                let data = tokio::task::spawn_blocking(move || cache.get(&key))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .flatten();
+                // Chunks this node does not hold are skipped: the requester asks elsewhere.
+                let Some(data) = data else { continue };
+                pace(&pacer, data.len(), rate).await;
+                let message = pb::ChunkData {
+                    digest: digest.to_vec(),
+                    data,
+                };
+                if tx.send(Ok(message)).await.is_err() {
+                    return; // The requester went away.
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

@@ -1,0 +1,133 @@
+//! The peer service serving this node's verified cache to another agent over real
+//! gRPC on 127.0.0.1: chunks by digest, missing ones skipped, bad requests named,
+//! uploads bounded in number and bandwidth.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rafs_format::chunk::DigestAlgo;
+use tessera_agent::cache::{ChunkCache, ChunkKey};
+use tessera_agent::peer::server::{PeerServer, UploadLimits};
+use tessera_proto::pb;
+use tessera_proto::pb::peer_service_client::PeerServiceClient;
+use tessera_proto::pb::peer_service_server::PeerServiceServer;
+
+fn chunk(seed: u8, len: usize) -> (ChunkKey, Vec<u8>) {
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect();
+    let key = ChunkKey {
+        algo: DigestAlgo::Sha256,
+        digest: DigestAlgo::Sha256.digest(&data),
+    };
+    (key, data)
+}
+
+async fn serve(cache: Arc<ChunkCache>, limits: UploadLimits) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PeerServiceServer::new(PeerServer::new(cache, limits)))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    format!("http://{addr}")
+}
+
+fn request(keys: &[&ChunkKey]) -> pb::FetchChunksRequest {
+    pb::FetchChunksRequest {
+        digest_algorithm: "sha256".into(),
+        digests: keys.iter().map(|k| k.digest.to_vec()).collect(),
+    }
+}
+
+#[test]
+fn peers_get_verified_chunks_within_limits() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(t.path(), 64 << 20).unwrap());
+    let (a, da) = chunk(1, 1 << 20);
+    let (b, db) = chunk(2, 1 << 20);
+    let (missing, _) = chunk(3, 100);
+    cache.put(&a, &da).unwrap();
+    cache.put(&b, &db).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let url = serve(
+                cache.clone(),
+                UploadLimits {
+                    max_uploads: 4,
+                    bytes_per_sec: Some(2 << 20),
+                },
+            )
+            .await;
+            let mut client = PeerServiceClient::connect(url).await.unwrap();
+            let started = Instant::now();
+            let mut stream = client
+                .fetch_chunks(request(&[&a, &missing, &b]))
+                .await
+                .unwrap()
+                .into_inner();
+            let mut got = Vec::new();
+            while let Some(c) = stream.message().await.unwrap() {
+                got.push(c);
+            }
+            // What it has, in order; what it lacks, skipped.
+            assert_eq!(got.len(), 2);
+            assert_eq!(got[0].digest, a.digest.to_vec());
+            assert!(got[0].data == da && got[1].data == db);
+            // 2 MiB at 2 MiB/s: the first MiB goes at once, the second waits its turn.
+            assert!(
+                started.elapsed() >= Duration::from_millis(400),
+                "{:?}",
+                started.elapsed()
+            );
+
+            let e = client
+                .fetch_chunks(pb::FetchChunksRequest {
+                    digest_algorithm: "md5".into(),
+                    digests: vec![vec![0; 32]],
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().contains("digest_algorithm"), "{}", e.message());
+        });
+}
+
+#[test]
+fn a_busy_peer_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(t.path(), 64 << 20).unwrap());
+    let (a, da) = chunk(9, 1 << 20);
+    cache.put(&a, &da).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            // One upload at a time, slowly: a second request meanwhile is refused.
+            let url = serve(
+                cache,
+                UploadLimits {
+                    max_uploads: 1,
+                    bytes_per_sec: Some(1 << 20),
+                },
+            )
+            .await;
+            let mut first = PeerServiceClient::connect(url.clone()).await.unwrap();
+            let mut slow = first
+                .fetch_chunks(request(&[&a, &a, &a]))
+                .await
+                .unwrap()
+                .into_inner();
+            let _ = slow.message().await.unwrap();
+            let mut second = PeerServiceClient::connect(url).await.unwrap();
+            let e = second.fetch_chunks(request(&[&a])).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+        });
+}
