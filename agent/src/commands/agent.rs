@@ -11,7 +11,7 @@ use tessera_agent::daemon::{Agent, MountStatus, Status};
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::credentials::{default_auth_file, DockerConfig};
 
-use super::image::print_out;
+use super::image::{print_out, print_summary};
 use super::registry::runtime;
 
 /// The daemon's flags: each overrides the same key of the config file.
@@ -218,10 +218,11 @@ pub fn mount(args: MountArgs) -> Result<()> {
 }
 
 fn show_mount(client: &ClientArgs, result: serde_json::Value) -> Result<()> {
-    if client.json {
-        return print_out(format_args!("{}\n", serde_json::to_string_pretty(&result)?));
-    }
     let status: MountStatus = serde_json::from_value(result)?;
+    if client.json {
+        return print_summary(&status, true);
+    }
+    // A mount's summary is one line without its own newline (it is also a log line).
     print_out(format_args!("{status}\n"))
 }
 
@@ -247,9 +248,6 @@ pub struct StatusArgs {
 
 pub fn status(args: StatusArgs) -> Result<()> {
     let result = call(&args.client, Request::Status).context("ask the agent for its status")?;
-    if args.client.json {
-        return print_out(format_args!("{}\n", serde_json::to_string_pretty(&result)?));
-    }
     let status: Status = serde_json::from_value(result)?;
-    print_out(&status)
+    print_summary(&status, args.client.json)
 }

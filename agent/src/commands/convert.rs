@@ -10,8 +10,10 @@ use tessera_agent::convert::{convert as run_convert, ConvertOptions, ConvertProg
 use tessera_agent::registry::client::Credential;
 use tessera_agent::registry::reference::{Platform, Reference};
 
-use super::image::{print_out, FormatArgs, ProgressDisplay};
-use super::registry::{credential_arg, runtime, RegistryArgs};
+use super::image::{print_summary, FormatArgs, ProgressDisplay};
+use tessera_agent::registry::credentials::parse_user_password;
+
+use super::registry::{runtime, RegistryArgs};
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
@@ -36,10 +38,10 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "REF")]
     chunk_dict: Option<Reference>,
     /// Credentials for the source registry, `USER:PASSWORD` (else the credentials file).
-    #[arg(long, env = "TESSERA_SRC_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    #[arg(long, env = "TESSERA_SRC_CREDS", value_parser = parse_user_password, hide_env_values = true)]
     src_creds: Option<Credential>,
     /// Credentials for the target registry, `USER:PASSWORD` (else the credentials file).
-    #[arg(long, env = "TESSERA_DEST_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    #[arg(long, env = "TESSERA_DEST_CREDS", value_parser = parse_user_password, hide_env_values = true)]
     dest_creds: Option<Credential>,
     #[command(flatten)]
     registry: RegistryArgs,
@@ -85,14 +87,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
         ))
         .with_context(|| format!("convert {} to {}", args.source, args.target))?;
     drop(display);
-    if args.json {
-        print_out(format_args!(
-            "{}\n",
-            serde_json::to_string_pretty(&summary)?
-        ))
-    } else {
-        print_out(&summary)
-    }
+    print_summary(&summary, args.json)
 }
 
 /// One line for the current phase: bytes done of the total and the phase's rate.

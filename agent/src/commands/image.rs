@@ -18,7 +18,9 @@ use tessera_agent::registry::client::Credential;
 use tessera_agent::registry::image::{self as registry_image, RemoteBlobs};
 use tessera_agent::registry::reference::{Platform, Reference};
 
-use super::registry::{credential_arg, runtime, RegistryArgs};
+use tessera_agent::registry::credentials::parse_user_password;
+
+use super::registry::{runtime, RegistryArgs};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ChunkingArg {
@@ -100,23 +102,23 @@ pub fn print_out(text: impl std::fmt::Display) -> Result<()> {
     }
 }
 
-/// Parses `4096`, `64K`, `1M`, `1MiB`, `16m`.
+/// Parses `4096`, `64K`, `1M`, `1MiB`, `16m` into a size that fits a u32 (chunk and
+/// upload sizes); the units are the agent config's.
 pub fn parse_size(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (n, unit) = t.split_at(digits_end);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 4096, 64K or 1M"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K or M)")),
-    };
-    n.checked_mul(mult)
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| format!("{s:?} is too large"))
+    let n = tessera_agent::config::parse_size(s)?;
+    u32::try_from(n).map_err(|_| format!("{s:?} is too large"))
+}
+
+/// Prints a command's summary: as JSON for machines, else as its `Display` for people.
+pub fn print_summary(
+    summary: &(impl serde::Serialize + std::fmt::Display),
+    json: bool,
+) -> Result<()> {
+    if json {
+        print_out(format_args!("{}\n", serde_json::to_string_pretty(summary)?))
+    } else {
+        print_out(summary)
+    }
 }
 
 fn read_prefetch_list(path: &PathBuf) -> Result<Vec<String>> {
@@ -274,14 +276,7 @@ pub fn build(args: BuildArgs) -> Result<()> {
     }
     let summary = builder.finish().context("write image")?;
     drop(display);
-    if args.json {
-        print_out(format_args!(
-            "{}\n",
-            serde_json::to_string_pretty(&summary)?
-        ))
-    } else {
-        print_out(&summary)
-    }
+    print_summary(&summary, args.json)
 }
 
 /// Which image a read-only command works on: an image dir, or a Tessera image in a
@@ -298,7 +293,7 @@ pub struct ImageSource {
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     platform: Option<Platform>,
     /// Registry credentials, `USER:PASSWORD` (else the credentials file).
-    #[arg(long, env = "TESSERA_CREDS", value_parser = credential_arg, hide_env_values = true)]
+    #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
     creds: Option<Credential>,
     #[command(flatten)]
     registry: RegistryArgs,
@@ -338,10 +333,8 @@ impl ImageSource {
                 registry_image::fetch_bootstrap(&client, &img, tmp.path()).await
             })
             .with_context(|| format!("fetch the bootstrap of {r}"))?;
-        let bootstrap = Bootstrap::open(&path).context("open the fetched bootstrap")?;
-        bootstrap
-            .validate_all()
-            .context("validate the fetched bootstrap")?;
+        let bootstrap = image::open_validated(tmp.path())
+            .with_context(|| format!("open the bootstrap fetched to {}", path.display()))?;
         let blobs = RemoteBlobs::new(client, r.clone(), rt.handle().clone());
         Ok(OpenImage {
             bootstrap,
@@ -365,14 +358,7 @@ pub fn inspect(args: InspectArgs) -> Result<()> {
     let img = args.source.open()?;
     let listing = image::inspect_bootstrap(&img.bootstrap)
         .with_context(|| format!("inspect image {}", img.name))?;
-    if args.json {
-        print_out(format_args!(
-            "{}\n",
-            serde_json::to_string_pretty(&listing)?
-        ))
-    } else {
-        print_out(&listing)
-    }
+    print_summary(&listing, args.json)
 }
 
 #[derive(Debug, Args)]

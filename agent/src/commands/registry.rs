@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera_agent::registry::client::{ClientOptions, Credential, RegistryClient};
 use tessera_agent::registry::credentials::{
-    default_auth_file, load_registry_config, parse_user_password, DockerConfig, RegistryConfig,
+    default_auth_file, load_registry_config, DockerConfig, RegistryConfig,
 };
 use tessera_agent::registry::reference::Reference;
 
@@ -95,11 +95,6 @@ impl RegistryArgs {
             RegistryClient::new(opts).context("create the HTTP client")?,
         ))
     }
-}
-
-/// Parses `USER:PASSWORD` for clap, without echoing it in errors.
-pub fn credential_arg(s: &str) -> Result<Credential, String> {
-    parse_user_password(s)
 }
 
 /// A runtime for the registry work of one command.
