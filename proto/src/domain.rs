@@ -252,6 +252,93 @@ impl TryFrom<pb::FindPeersRequest> for FindPeers {
     }
 }
 
+/// The scheduler's answer to "who holds this range", as the agent receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerChoice {
+    /// Fetch from these peers, best first.
+    Peers(Vec<Peer>),
+    /// Nobody holds it yet: fetch it from the origin.
+    Origin,
+    /// Others are fetching it from the origin: ask again after this long.
+    Wait(std::time::Duration),
+}
+
+/// A peer as the scheduler names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Peer {
+    pub id: HostId,
+    pub address: SocketAddr,
+}
+
+/// Longest wait a scheduler may ask for; more is a broken or hostile answer.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl TryFrom<pb::FindPeersResponse> for PeerChoice {
+    type Error = Invalid;
+    fn try_from(r: pb::FindPeersResponse) -> Result<Self, Invalid> {
+        match pb::Action::try_from(r.action) {
+            Ok(pb::Action::Peers) => {
+                if r.peers.is_empty() {
+                    return Err(Invalid::new("peers", "empty with ACTION_PEERS"));
+                }
+                let peers = r
+                    .peers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let field = format!("peers[{i}]");
+                        Ok(Peer {
+                            id: HostId::parse(&format!("{field}.host_id"), p.host_id)?,
+                            address: p.address.parse().map_err(|_| {
+                                Invalid::new(
+                                    format!("{field}.address"),
+                                    format!("{:?} is not host:port", p.address),
+                                )
+                            })?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, Invalid>>()?;
+                Ok(PeerChoice::Peers(peers))
+            }
+            Ok(pb::Action::Origin) => Ok(PeerChoice::Origin),
+            Ok(pb::Action::Wait) => {
+                let wait = std::time::Duration::from_millis(r.wait_ms);
+                if wait.is_zero() || wait > MAX_WAIT {
+                    return Err(Invalid::new(
+                        "wait_ms",
+                        format!("{} is not in 1..={}", r.wait_ms, MAX_WAIT.as_millis()),
+                    ));
+                }
+                Ok(PeerChoice::Wait(wait))
+            }
+            Ok(pb::Action::Unspecified) | Err(_) => Err(Invalid::new(
+                "action",
+                format!("{} is not an action", r.action),
+            )),
+        }
+    }
+}
+
+/// One chunk a peer sent: a 32-byte digest and the bytes it claims to be (verified by
+/// the receiver before anything else).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkData {
+    pub digest: [u8; 32],
+    pub data: Vec<u8>,
+}
+
+impl TryFrom<pb::ChunkData> for ChunkData {
+    type Error = Invalid;
+    fn try_from(c: pb::ChunkData) -> Result<Self, Invalid> {
+        let digest = <[u8; 32]>::try_from(c.digest.as_slice())
+            .map_err(|_| Invalid::new("digest", format!("{} bytes, not 32", c.digest.len())))?;
+        Ok(ChunkData {
+            digest,
+            data: c.data,
+        })
+    }
+}
+
 /// How a transfer went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -369,6 +456,57 @@ mod tests {
 
     fn digest(c: char) -> String {
         format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    #[test]
+    fn scheduler_answers_are_checked() {
+        let peer = |id: &str, addr: &str| pb::Peer {
+            host_id: id.into(),
+            address: addr.into(),
+        };
+        let answer = |action: pb::Action, peers: Vec<pb::Peer>, wait_ms: u64| {
+            PeerChoice::try_from(pb::FindPeersResponse {
+                action: action.into(),
+                peers,
+                wait_ms,
+            })
+        };
+        assert_eq!(
+            answer(pb::Action::Peers, vec![peer("b", "10.0.0.2:7081")], 0).unwrap(),
+            PeerChoice::Peers(vec![Peer {
+                id: HostId("b".into()),
+                address: "10.0.0.2:7081".parse().unwrap()
+            }])
+        );
+        assert_eq!(
+            answer(pb::Action::Origin, vec![], 0).unwrap(),
+            PeerChoice::Origin
+        );
+        assert_eq!(
+            answer(pb::Action::Wait, vec![], 200).unwrap(),
+            PeerChoice::Wait(std::time::Duration::from_millis(200))
+        );
+        for (bad, field) in [
+            (answer(pb::Action::Peers, vec![], 0), "peers"),
+            (
+                answer(pb::Action::Peers, vec![peer("b", "nowhere")], 0),
+                "peers[0].address",
+            ),
+            (
+                answer(pb::Action::Peers, vec![peer("", "10.0.0.2:1")], 0),
+                "peers[0].host_id",
+            ),
+            (answer(pb::Action::Wait, vec![], 0), "wait_ms"),
+            (answer(pb::Action::Wait, vec![], 3_600_000), "wait_ms"),
+            (answer(pb::Action::Unspecified, vec![], 0), "action"),
+        ] {
+            assert_eq!(bad.unwrap_err().field, field);
+        }
+        let short = ChunkData::try_from(pb::ChunkData {
+            digest: vec![1; 31],
+            data: vec![],
+        });
+        assert_eq!(short.unwrap_err().field, "digest");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! the receiving side, and a bad message is an [`Invalid`] naming the field, which
 //! becomes `invalid_argument` at the gRPC boundary.
 
+pub mod auth;
 pub mod domain;
 
 /// Generated from `tessera.proto`.
