@@ -33,8 +33,123 @@ pub struct AgentConfig {
     /// What to fetch in the background after a mount.
     pub prefetch: Prefetch,
     pub fetch: FetchConfig,
+    pub p2p: P2pConfig,
     #[serde(skip_serializing)]
     pub registry: RegistryConfig,
+}
+
+/// Peer-to-peer: the scheduler to join, the peer service other agents fetch from, and
+/// how long to wait for peers. P2P is on when `scheduler` is set and `enabled` is true.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct P2pConfig {
+    /// `false` (`--no-p2p`): every missing chunk comes from the origin, and nothing is
+    /// served to peers — for comparisons and for nodes that must not upload.
+    pub enabled: bool,
+    /// The scheduler's URL (`http://host:port`).
+    pub scheduler: Option<String>,
+    /// Where this agent's peer service listens.
+    pub peer_listen: String,
+    /// `host:port` other agents reach the peer service at; needed when `peer_listen`
+    /// is a wildcard address.
+    pub advertise: Option<String>,
+    /// This host's id in the swarm (e.g. the Kubernetes node name); default: the
+    /// hostname and the advertised address.
+    pub host_id: Option<String>,
+    /// Topology labels: peers in the same zone (then rack) are preferred.
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+    /// A file holding the bearer token the scheduler and peers require (the same on
+    /// every agent and the scheduler).
+    pub token_file: Option<PathBuf>,
+    /// Uploads served to peers at once.
+    pub max_uploads: u32,
+    /// Upload bandwidth to peers (`100M` bytes per second; 0: unlimited).
+    #[serde(with = "size")]
+    pub upload_bytes_per_sec: u64,
+    /// Milliseconds a peer may take to connect or between two chunks before it is
+    /// abandoned (and reported) for another source.
+    pub peer_timeout_ms: u64,
+    /// Seconds a read may wait, in total, for other agents' origin fetches of its
+    /// chunks before fetching them from the origin itself.
+    pub max_wait_secs: u64,
+    /// Test-only fault switch: serve peers corrupted bytes (to test that requesters
+    /// verify, report and exclude such a peer). Never set it in production.
+    pub fault_corrupt_uploads: bool,
+}
+
+impl Default for P2pConfig {
+    fn default() -> Self {
+        P2pConfig {
+            enabled: true,
+            scheduler: None,
+            peer_listen: "0.0.0.0:7081".to_string(),
+            advertise: None,
+            host_id: None,
+            zone: None,
+            rack: None,
+            token_file: None,
+            max_uploads: 32,
+            upload_bytes_per_sec: 0,
+            peer_timeout_ms: 3000,
+            max_wait_secs: 20,
+            fault_corrupt_uploads: false,
+        }
+    }
+}
+
+impl P2pConfig {
+    /// Whether this agent joins a swarm.
+    pub fn active(&self) -> bool {
+        self.enabled && self.scheduler.is_some()
+    }
+
+    /// The address peers reach this agent at.
+    pub fn advertised(&self) -> Option<std::net::SocketAddr> {
+        match &self.advertise {
+            Some(a) => a.parse().ok(),
+            None => self
+                .peer_listen
+                .parse::<std::net::SocketAddr>()
+                .ok()
+                .filter(|a| !a.ip().is_unspecified()),
+        }
+    }
+
+    fn problems(&self, problems: &mut Vec<String>) {
+        if !self.active() {
+            return;
+        }
+        if let Some(url) = &self.scheduler {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                problems.push(format!(
+                    "p2p.scheduler: {url:?} is not a URL like http://scheduler:7080"
+                ));
+            }
+        }
+        if self.peer_listen.parse::<std::net::SocketAddr>().is_err() {
+            problems.push(format!(
+                "p2p.peer_listen: {:?} is not host:port (e.g. 0.0.0.0:7081)",
+                self.peer_listen
+            ));
+        }
+        match &self.advertise {
+            Some(a) if a.parse::<std::net::SocketAddr>().is_err() => problems.push(format!(
+                "p2p.advertise: {a:?} is not ip:port (the address other nodes reach this one at)"
+            )),
+            None if self.advertised().is_none() => problems.push(
+                "p2p.advertise: needed when p2p.peer_listen is a wildcard address: the ip:port other nodes reach this one at"
+                    .to_string(),
+            ),
+            _ => {}
+        }
+        if self.max_uploads == 0 {
+            problems.push("p2p.max_uploads: at least 1".to_string());
+        }
+        if self.peer_timeout_ms < 10 {
+            problems.push("p2p.peer_timeout_ms: at least 10".to_string());
+        }
+    }
 }
 
 /// Background fetching after a mount.
@@ -104,6 +219,7 @@ impl Default for AgentConfig {
             metrics_listen: None,
             prefetch: Prefetch::List,
             fetch: FetchConfig::default(),
+            p2p: P2pConfig::default(),
             registry: RegistryConfig::default(),
         }
     }
@@ -165,6 +281,7 @@ impl AgentConfig {
         if f.prefetch_concurrency == 0 {
             problems.push("fetch.prefetch_concurrency: at least 1".to_string());
         }
+        self.p2p.problems(&mut problems);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -265,6 +382,45 @@ mod tests {
         std::fs::write(&path, "cache_capacty = 5\n").unwrap();
         let e = AgentConfig::load(&path).unwrap_err().to_string();
         assert!(e.contains("cache_capacty"), "{e}");
+    }
+
+    #[test]
+    fn p2p_is_checked_only_when_active() {
+        let p2p = |p: P2pConfig| AgentConfig {
+            p2p: p,
+            ..AgentConfig::default()
+        };
+        // A wildcard peer_listen without advertise is fine while P2P is off…
+        p2p(P2pConfig::default()).validate().unwrap();
+        p2p(P2pConfig {
+            enabled: false,
+            scheduler: Some("nope".into()),
+            ..P2pConfig::default()
+        })
+        .validate()
+        .unwrap();
+        // …and reported, with the other mistakes, once a scheduler is set.
+        let problems = p2p(P2pConfig {
+            scheduler: Some("scheduler:7080".into()),
+            max_uploads: 0,
+            ..P2pConfig::default()
+        })
+        .validate()
+        .unwrap_err();
+        for key in ["p2p.scheduler", "p2p.advertise", "p2p.max_uploads"] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(key)),
+                "{key}: {problems:?}"
+            );
+        }
+        let c = P2pConfig {
+            scheduler: Some("http://10.0.0.9:7080".into()),
+            peer_listen: "10.0.0.1:7081".into(),
+            ..P2pConfig::default()
+        };
+        assert!(c.active());
+        assert_eq!(c.advertised(), Some("10.0.0.1:7081".parse().unwrap()));
+        p2p(c).validate().unwrap();
     }
 
     #[test]

@@ -62,6 +62,7 @@ fn peers_get_verified_chunks_within_limits() {
                 UploadLimits {
                     max_uploads: 4,
                     bytes_per_sec: Some(2 << 20),
+                    corrupt: false,
                 },
             )
             .await;
@@ -116,6 +117,7 @@ fn a_busy_peer_says_so() {
                 UploadLimits {
                     max_uploads: 1,
                     bytes_per_sec: Some(1 << 20),
+                    corrupt: false,
                 },
             )
             .await;

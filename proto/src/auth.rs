@@ -125,12 +125,7 @@ mod tests {
         let token = Token::new("s3cret\n").unwrap();
         assert_eq!(format!("{token:?}"), "Token(<redacted>)");
         let mut check = RequireBearer::new(Some(token.clone()), "scheduler");
-        let send = |t: Option<&Token>| {
-            AddBearer::new(t)
-                .unwrap()
-                .call(Request::new(()))
-                .unwrap()
-        };
+        let send = |t: Option<&Token>| AddBearer::new(t).unwrap().call(Request::new(())).unwrap();
         assert!(check.call(send(Some(&token))).is_ok());
         let wrong = Token::new("s3cres").unwrap();
         let e = check.call(send(Some(&wrong))).unwrap_err();

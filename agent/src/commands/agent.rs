@@ -39,6 +39,39 @@ pub struct AgentArgs {
     /// Background fetching after a mount.
     #[arg(long, env = "TESSERA_PREFETCH", value_enum)]
     prefetch: Option<Prefetch>,
+    /// Join the swarm of this scheduler (`http://host:port`): fetch from peers before
+    /// the origin and serve peers.
+    #[arg(long, env = "TESSERA_SCHEDULER", value_name = "URL")]
+    scheduler: Option<String>,
+    /// Where the peer service listens (default 0.0.0.0:7081).
+    #[arg(long, env = "TESSERA_PEER_LISTEN", value_name = "ADDR")]
+    peer_listen: Option<String>,
+    /// The ip:port other nodes reach the peer service at.
+    #[arg(long, env = "TESSERA_ADVERTISE", value_name = "ADDR")]
+    advertise: Option<String>,
+    /// This node's id in the swarm (default: hostname@advertised address).
+    #[arg(long, env = "TESSERA_HOST_ID", value_name = "ID")]
+    host_id: Option<String>,
+    /// Topology: peers in the same zone, then rack, are preferred.
+    #[arg(long, env = "TESSERA_ZONE", value_name = "NAME")]
+    zone: Option<String>,
+    #[arg(long, env = "TESSERA_RACK", value_name = "NAME")]
+    rack: Option<String>,
+    /// A file with the bearer token the scheduler and peers require.
+    #[arg(long, env = "TESSERA_P2P_TOKEN_FILE", value_name = "FILE")]
+    p2p_token_file: Option<PathBuf>,
+    /// Uploads served to peers at once.
+    #[arg(long, env = "TESSERA_MAX_UPLOADS", value_name = "N")]
+    max_uploads: Option<u32>,
+    /// Upload bandwidth to peers in bytes per second (`100M`; 0: unlimited).
+    #[arg(long, env = "TESSERA_UPLOAD_RATE", value_parser = parse_size, value_name = "SIZE")]
+    upload_rate: Option<u64>,
+    /// Turn peer-to-peer off: every chunk from cache or origin (for comparisons).
+    #[arg(long, env = "TESSERA_NO_P2P")]
+    no_p2p: bool,
+    /// Test-only fault switch: serve corrupted chunks to peers.
+    #[arg(long, hide = true, env = "TESSERA_FAULT_CORRUPT_UPLOADS")]
+    fault_corrupt_uploads: bool,
 }
 
 impl AgentArgs {
@@ -67,6 +100,36 @@ impl AgentArgs {
         }
         if let Some(v) = self.prefetch {
             c.prefetch = v;
+        }
+        let p = &mut c.p2p;
+        for (key, flag) in [
+            (&mut p.scheduler, &self.scheduler),
+            (&mut p.advertise, &self.advertise),
+            (&mut p.host_id, &self.host_id),
+            (&mut p.zone, &self.zone),
+            (&mut p.rack, &self.rack),
+        ] {
+            if flag.is_some() {
+                key.clone_from(flag);
+            }
+        }
+        if let Some(v) = &self.peer_listen {
+            p.peer_listen = v.clone();
+        }
+        if let Some(v) = &self.p2p_token_file {
+            p.token_file = Some(v.clone());
+        }
+        if let Some(v) = self.max_uploads {
+            p.max_uploads = v;
+        }
+        if let Some(v) = self.upload_rate {
+            p.upload_bytes_per_sec = v;
+        }
+        if self.no_p2p {
+            p.enabled = false;
+        }
+        if self.fault_corrupt_uploads {
+            p.fault_corrupt_uploads = true;
         }
         if let Err(problems) = c.validate() {
             bail!("invalid configuration:\n  {}", problems.join("\n  "));

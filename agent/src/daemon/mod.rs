@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::Request;
 use crate::cache::ChunkCache;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
+use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
 use mounts::Mount;
@@ -40,6 +41,8 @@ pub struct Agent {
     /// This agent's mark in its mounts' source, to find them after a crash.
     owner: String,
     started: std::time::Instant,
+    /// The peer service and the membership task, when P2P is on (stopped at shutdown).
+    p2p_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// What `tessera status` shows.
@@ -79,6 +82,44 @@ impl std::fmt::Display for Status {
         }
         Ok(())
     }
+}
+
+/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm.
+fn join_swarm(
+    p2p: &P2pConfig,
+    cache: Arc<ChunkCache>,
+) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
+    let token = match &p2p.token_file {
+        Some(path) => Some(
+            tessera_proto::auth::Token::from_file(path)
+                .map_err(|e| Error::io("read p2p token", path, e))?,
+        ),
+        None => None,
+    };
+    if p2p.fault_corrupt_uploads {
+        tracing::error!("p2p.fault_corrupt_uploads is on: this agent serves CORRUPTED chunks to peers (a test-only fault switch)");
+    }
+    let server = PeerServer::new(
+        cache,
+        UploadLimits {
+            max_uploads: p2p.max_uploads as usize,
+            bytes_per_sec: (p2p.upload_bytes_per_sec > 0).then_some(p2p.upload_bytes_per_sec),
+            corrupt: p2p.fault_corrupt_uploads,
+        },
+    );
+    let listener = std::net::TcpListener::bind(&p2p.peer_listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
+    let network = Network::new(p2p, server.clone())?;
+    tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
+    let serving = tokio::spawn(async move {
+        if let Err(e) = server.serve(listener, token).await {
+            tracing::error!(error = %e, "the peer service stopped");
+        }
+    });
+    let membership = network.spawn();
+    Ok((network, vec![serving, membership]))
 }
 
 /// Serves Prometheus text on `GET /metrics` (and `GET /healthz`) until dropped.
@@ -144,12 +185,19 @@ impl Agent {
         let bootstrap_dir = config.cache_dir.join("bootstraps");
         std::fs::create_dir_all(&bootstrap_dir)
             .map_err(|e| Error::io("create", &bootstrap_dir, e))?;
-        let fetcher = Arc::new(Fetcher::new(
-            cache,
+        let mut fetcher = Fetcher::new(
+            cache.clone(),
             client.clone(),
             config.fetch.clone(),
             Arc::new(FetchMetrics::default()),
-        ));
+        );
+        let mut p2p_tasks = Vec::new();
+        if config.p2p.active() {
+            let (network, tasks) = join_swarm(&config.p2p, cache)?;
+            fetcher = fetcher.with_network(network);
+            p2p_tasks = tasks;
+        }
+        let fetcher = Arc::new(fetcher);
         Ok(Arc::new(Agent {
             config,
             client,
@@ -159,6 +207,7 @@ impl Agent {
             bootstrap_dir,
             owner,
             started: std::time::Instant::now(),
+            p2p_tasks: Mutex::new(p2p_tasks),
         }))
     }
 
@@ -208,6 +257,7 @@ impl Agent {
         for m in &list {
             *bytes_by_source.entry("cache".to_string()).or_insert(0) += m.pull.cache_bytes;
             *bytes_by_source.entry("origin".to_string()).or_insert(0) += m.pull.origin_bytes;
+            *bytes_by_source.entry("peer".to_string()).or_insert(0) += m.pull.peer_bytes;
         }
         Status {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
@@ -226,9 +276,25 @@ impl Agent {
         for m in all {
             m.unmount().await;
         }
+        if let Some(network) = self.fetcher.network() {
+            network.leave().await;
+        }
+        for task in self
+            .p2p_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
         if let Err(e) = self.fetcher.cache().flush() {
             tracing::warn!(error = %e, "could not flush the cache index");
         }
+    }
+
+    /// This agent's id in the swarm, when P2P is on.
+    pub fn host_id(&self) -> Option<&str> {
+        self.fetcher.network().map(|n| n.host_id())
     }
 
     fn canonical(mountpoint: &Path) -> Result<PathBuf> {

@@ -156,13 +156,14 @@ impl std::fmt::Display for MountStatus {
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
         write!(
             f,
-            "image {} at {}: {:.1} MiB read, {:.1} MiB fetched from origin ({:.1} MiB on the wire, {:.1} MiB/s), {:.1} MiB from cache; mounted in {:.0} ms",
+            "image {} at {}: {:.1} MiB read, {:.1} MiB fetched from origin ({:.1} MiB on the wire, {:.1} MiB/s), {:.1} MiB from peers, {:.1} MiB from cache; mounted in {:.0} ms",
             self.image,
             self.mountpoint.display(),
             mib(self.bytes_read),
             mib(self.pull.origin_bytes),
             mib(self.pull.origin_wire_bytes),
             self.origin_mib_per_s,
+            mib(self.pull.peer_bytes),
             mib(self.pull.cache_bytes),
             self.mount_seconds * 1000.0
         )?;
@@ -269,6 +270,10 @@ impl Agent {
             bootstrap.clone(),
             resolved.reference.clone(),
         )?);
+        if self.fetcher.network().is_some() {
+            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
+            tokio::task::spawn_blocking(move || fetcher.announce_cached(&chunks));
+        }
         let recorder = match &record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,

@@ -1,4 +1,4 @@
-//! The chunk path: local cache → (peers: the P2P issue adds them here) → origin
+//! The chunk path: local cache → peers (when the agent is in a swarm) → origin
 //! registry, for the chunks of mounted images.
 //!
 //! - **Single-flight.** Concurrent requests for one chunk (by digest, so across images
@@ -10,8 +10,14 @@
 //! - **Verify before use.** Every chunk is decompressed and checked against its digest
 //!   from the bootstrap before it is cached or returned; a mismatch is counted against
 //!   the source, logged, and the fetch is tried again, up to `attempts`.
+//! - **Peers before the origin** ([`peers`]): a leader asks the scheduler who holds its
+//!   run, fetches slices of it from several peers at once, abandons and reports a slow,
+//!   failing or lying peer, waits while another agent fetches the run from the origin,
+//!   and goes to the origin itself when told to or when no peer can help. Everything
+//!   verified is announced at once, so other agents can fetch it from here.
 
 mod metrics;
+mod peers;
 
 pub use metrics::{FetchMetrics, Source};
 
@@ -27,6 +33,7 @@ use tokio::sync::watch;
 
 use crate::cache::{ChunkCache, ChunkKey};
 use crate::config::FetchConfig;
+use crate::peer::Network;
 use crate::registry::client::RegistryClient;
 use crate::registry::reference::Reference;
 use crate::{Error, Result};
@@ -62,6 +69,7 @@ pub struct PullStats {
     pub origin_bytes: AtomicU64,
     /// Compressed bytes transferred from the origin (what the network carried).
     pub origin_wire_bytes: AtomicU64,
+    pub peer_bytes: AtomicU64,
     pub chunks_fetched: AtomicU64,
     pub verification_failures: AtomicU64,
     pub fetch_errors: AtomicU64,
@@ -73,6 +81,8 @@ pub struct PullSummary {
     pub cache_bytes: u64,
     pub origin_bytes: u64,
     pub origin_wire_bytes: u64,
+    #[serde(default)]
+    pub peer_bytes: u64,
     pub chunks_fetched: u64,
     pub verification_failures: u64,
     pub fetch_errors: u64,
@@ -85,6 +95,7 @@ impl PullStats {
             cache_bytes: l(&self.cache_bytes),
             origin_bytes: l(&self.origin_bytes),
             origin_wire_bytes: l(&self.origin_wire_bytes),
+            peer_bytes: l(&self.peer_bytes),
             chunks_fetched: l(&self.chunks_fetched),
             verification_failures: l(&self.verification_failures),
             fetch_errors: l(&self.fetch_errors),
@@ -186,6 +197,8 @@ impl ImageChunks {
 pub struct Fetcher {
     cache: Arc<ChunkCache>,
     origin: Arc<RegistryClient>,
+    /// The swarm, when P2P is on.
+    network: Option<Arc<Network>>,
     config: FetchConfig,
     /// Chunks being fetched, with the channel their result will arrive on.
     inflight: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
@@ -262,6 +275,7 @@ impl Fetcher {
         Fetcher {
             cache,
             origin,
+            network: None,
             inflight: Mutex::new(HashMap::new()),
             recent: Mutex::new(Recent::new(config.memory_bytes)),
             config,
@@ -269,8 +283,38 @@ impl Fetcher {
         }
     }
 
+    /// Fetches from peers (found through `network`) before the origin.
+    pub fn with_network(mut self, network: Arc<Network>) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    pub fn network(&self) -> Option<&Arc<Network>> {
+        self.network.as_ref()
+    }
+
     pub fn cache(&self) -> &Arc<ChunkCache> {
         &self.cache
+    }
+
+    /// Announces the chunks of `image` this node already has cached (from earlier
+    /// mounts or another image sharing them), so peers can fetch them from here.
+    pub fn announce_cached(&self, image: &ImageChunks) {
+        let Some(network) = &self.network else { return };
+        for (blob, chunks) in image.order.iter().enumerate() {
+            let held: Vec<(u64, u64)> = chunks
+                .iter()
+                .filter_map(|&c| image.bootstrap.chunk(c).ok())
+                .filter(|info| self.cache.contains(&image.key(info)))
+                .map(|info| {
+                    (
+                        info.compressed_offset,
+                        info.compressed_offset + u64::from(info.compressed_size),
+                    )
+                })
+                .collect();
+            network.held(&image.blob_digests[blob], held);
+        }
     }
 
     /// The verified, uncompressed bytes of chunk `index` of `image`.
@@ -392,10 +436,51 @@ impl Fetcher {
         first.unwrap_or_else(|| Err("empty fetch".into()))
     }
 
-    /// Fetches the run's bytes from the origin and verifies each chunk, trying again
-    /// (after a pause) for chunks that failed, up to `attempts`.
+    /// Fetches the run: from peers first when in a swarm, then what is still missing
+    /// from the origin.
     async fn fetch_run(&self, image: &ImageChunks, run: &[Planned]) -> Vec<Outcome> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; run.len()];
+        if let Some(network) = &self.network {
+            self.fetch_from_peers(network, image, run, &mut outcomes)
+                .await;
+        }
+        let last_error = self.fetch_from_origin(image, run, &mut outcomes).await;
+        outcomes
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(format!(
+                        "not fetched after {} attempts: {last_error}",
+                        self.config.attempts
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Caches a verified chunk of the run and makes it the chunk's outcome; `true`
+    /// when it was cached (so it may be announced: peers are served from the cache).
+    fn accept(&self, planned: &Planned, data: Vec<u8>, slot: &mut Option<Outcome>) -> bool {
+        let cached = match self.cache.put(&planned.key, &data) {
+            Ok(()) => true,
+            Err(e) => {
+                // Serve it anyway; it will be fetched again next time.
+                tracing::warn!(error = %e, "could not cache a chunk");
+                false
+            }
+        };
+        *slot = Some(Ok(Arc::new(data)));
+        cached
+    }
+
+    /// Fetches the run's missing chunks from the origin and verifies each, trying again
+    /// (after a pause) for chunks that failed, up to `attempts`. Returns the last error.
+    async fn fetch_from_origin(
+        &self,
+        image: &ImageChunks,
+        run: &[Planned],
+        outcomes: &mut [Option<Outcome>],
+    ) -> String {
         let mut last_error = String::new();
         for attempt in 0..self.config.attempts {
             let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
@@ -422,10 +507,22 @@ impl Fetcher {
                         .get_or_create(&Source::Origin.label())
                         .inc();
                     tracing::warn!(image = %image.reference, blob, start, end, attempt, error = %e, "origin fetch failed");
+                    if let Some(network) = &self.network {
+                        // Frees the scheduler's origin slot for another agent.
+                        network.report(
+                            None,
+                            blob,
+                            (start, end),
+                            0,
+                            started.elapsed(),
+                            tessera_proto::pb::Outcome::Connection,
+                        );
+                    }
                     last_error = e.to_string();
                     continue;
                 }
             };
+            let mut held = Vec::new();
             image
                 .stats
                 .origin_wire_bytes
@@ -443,14 +540,15 @@ impl Fetcher {
                 ) {
                     Ok(data) => {
                         let len = data.len() as u64;
-                        if let Err(e) = self.cache.put(&run[i].key, &data) {
-                            // Serve it anyway; it will be fetched again next time.
-                            tracing::warn!(error = %e, "could not cache a chunk");
-                        }
                         image.stats.origin_bytes.fetch_add(len, Ordering::Relaxed);
                         image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
                         self.metrics.record(Source::Origin, len, started.elapsed());
-                        outcomes[i] = Some(Ok(Arc::new(data)));
+                        if self.accept(&run[i], data, &mut outcomes[i]) {
+                            held.push((
+                                info.compressed_offset,
+                                info.compressed_offset + u64::from(info.compressed_size),
+                            ));
+                        }
                     }
                     Err(reason) => {
                         image
@@ -474,17 +572,10 @@ impl Fetcher {
                     }
                 }
             }
+            if let Some(network) = &self.network {
+                network.held(blob, held);
+            }
         }
-        outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Err(format!(
-                        "not fetched after {} attempts: {last_error}",
-                        self.config.attempts
-                    ))
-                })
-            })
-            .collect()
+        last_error
     }
 }

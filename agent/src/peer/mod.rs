@@ -1,5 +1,13 @@
-//! Peer-to-peer between agents. Today: the serving side, [`server::PeerServer`], which
-//! streams chunks from this node's verified cache to other agents. The fetching side
-//! (a peer source in `fetch`, announcements to the scheduler) comes next.
+//! Peer-to-peer between agents.
+//!
+//! - [`server`]: the serving side, streaming chunks from this node's verified cache to
+//!   other agents, bounded in uploads and bandwidth, behind the cluster's bearer token.
+//! - [`network`]: membership in the swarm (register, heartbeat, announce what was
+//!   verified, report transfers, ask who holds a range) and the connections to other
+//!   agents. The fetcher (`crate::fetch`) uses it between the cache and the origin.
 
+pub mod network;
 pub mod server;
+
+pub use network::Network;
+pub use server::{PeerServer, UploadLimits};

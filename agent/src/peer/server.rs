@@ -25,6 +25,9 @@ pub struct UploadLimits {
     pub max_uploads: usize,
     /// Bytes per second across all uploads; `None`: unlimited.
     pub bytes_per_sec: Option<u64>,
+    /// Test-only fault switch: flip a byte of every chunk sent, as a broken or hostile
+    /// peer would, so tests can show requesters verify, report and exclude it.
+    pub corrupt: bool,
 }
 
 /// Serves cached chunks to peers.
@@ -50,6 +53,29 @@ impl PeerServer {
     /// Uploads in progress.
     pub fn active_uploads(&self) -> usize {
         self.limits.max_uploads.max(1) - self.uploads.available_permits()
+    }
+
+    /// Serves the peer service on `listener` until the task is dropped; requests must
+    /// carry `token` when one is set.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        token: Option<tessera_proto::auth::Token>,
+    ) -> crate::Result<()> {
+        use tessera_proto::pb::peer_service_server::PeerServiceServer;
+        let addr = listener.local_addr().ok();
+        let service = PeerServiceServer::with_interceptor(
+            self,
+            tessera_proto::auth::RequireBearer::new(token, "peer service"),
+        );
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .await
+            .map_err(|e| crate::Error::Agent(format!("peer service on {addr:?} stopped: {e}")))
     }
 }
 
@@ -87,10 +113,11 @@ impl pb::peer_service_server::PeerService for PeerServer {
             DigestAlgorithm::Blake3 => DigestAlgo::Blake3,
         };
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let (cache, pacer, rate) = (
+        let (cache, pacer, rate, corrupt) = (
             self.cache.clone(),
             self.pacer.clone(),
             self.limits.bytes_per_sec,
+            self.limits.corrupt,
         );
         tokio::spawn(async move {
             let _permit = permit;
@@ -104,7 +131,12 @@ impl pb::peer_service_server::PeerService for PeerServer {
                     .and_then(Result::ok)
                     .flatten();
                 // Chunks this node does not hold are skipped: the requester asks elsewhere.
-                let Some(data) = data else { continue };
+                let Some(mut data) = data else { continue };
+                if corrupt {
+                    if let Some(b) = data.first_mut() {
+                        *b ^= 0xff;
+                    }
+                }
                 pace(&pacer, data.len(), rate).await;
                 let message = pb::ChunkData {
                     digest: digest.to_vec(),

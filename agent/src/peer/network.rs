@@ -1,0 +1,507 @@
+//! This agent's membership in the swarm: registration with a lease kept by heartbeats,
+//! announcements of what it holds (sent as soon as chunks are verified, batched while a
+//! send is under way), reports of transfers, the questions "who holds this range", and
+//! the connections to other agents' peer services.
+//!
+//! The scheduler is an optimisation, never a dependency: while it cannot be reached (or
+//! does not know this host), [`Network::find_peers`] answers `None` at once and the
+//! fetcher goes to the origin; a background task keeps trying to register and, when it
+//! succeeds, announces everything this host holds again (`full`), which is how a
+//! restarted scheduler relearns the swarm.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rafs_format::chunk::DigestAlgo;
+use tessera_proto::auth::{AddBearer, Token};
+use tessera_proto::domain::{Peer, PeerChoice};
+use tessera_proto::pb;
+use tessera_proto::pb::peer_service_client::PeerServiceClient;
+use tessera_proto::pb::scheduler_client::SchedulerClient;
+use tokio::sync::Notify;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::config::P2pConfig;
+use crate::peer::PeerServer;
+use crate::{Error, Result};
+
+type Authed = InterceptedService<Channel, AddBearer>;
+
+/// Largest gRPC message: one chunk (chunks are at most 16 MiB) with room to spare.
+pub const MAX_MESSAGE: usize = 32 << 20;
+
+/// How long a call to the scheduler may take before it counts as unreachable: the
+/// fetcher would rather go to the origin than wait on a sick scheduler.
+const SCHEDULER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The agent's side of the swarm.
+#[derive(Debug)]
+pub struct Network {
+    host: pb::Host,
+    scheduler: SchedulerClient<Authed>,
+    auth: AddBearer,
+    server: PeerServer,
+    peer_timeout: Duration,
+    max_wait: Duration,
+    /// Registered with a scheduler that answers; `false` sends every fetch to the origin.
+    registered: AtomicBool,
+    state: Mutex<State>,
+    /// Wakes the membership task: something to announce or report, or re-register now.
+    wake: Notify,
+    peers: Mutex<HashMap<SocketAddr, PeerServiceClient<Authed>>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Everything this host announced since it started, merged per blob: re-announced
+    /// in full after each registration.
+    held: HashMap<String, Vec<(u64, u64)>>,
+    /// Not yet sent.
+    pending_held: HashMap<String, Vec<(u64, u64)>>,
+    pending_reports: Vec<pb::Transfer>,
+}
+
+/// Sorts and merges `[start, end)` ranges in place.
+fn merge(ranges: &mut Vec<(u64, u64)>) {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for &(s, e) in ranges.iter() {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    *ranges = out;
+}
+
+fn to_pb(map: &HashMap<String, Vec<(u64, u64)>>) -> Vec<pb::BlobRanges> {
+    map.iter()
+        .map(|(blob, ranges)| pb::BlobRanges {
+            blob: blob.clone(),
+            ranges: ranges
+                .iter()
+                .map(|&(start, end)| pb::ByteRange { start, end })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The host id when none is configured: the hostname and the advertised address, which
+/// is unique even for several agents on one machine.
+fn default_host_id(advertised: SocketAddr) -> String {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    if hostname.is_empty() {
+        advertised.to_string()
+    } else {
+        format!("{hostname}@{advertised}")
+    }
+}
+
+/// How a peer transfer ended, for the report and the choice of the next peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerFailure {
+    /// It was serving its maximum of uploads: try another, without blame.
+    Busy,
+    Timeout,
+    Connection,
+    VerificationFailed,
+    /// It answered with something that is not the protocol.
+    Protocol,
+}
+
+impl PeerFailure {
+    pub fn outcome(self) -> pb::Outcome {
+        match self {
+            PeerFailure::Busy | PeerFailure::Protocol => pb::Outcome::Other,
+            PeerFailure::Timeout => pb::Outcome::Timeout,
+            PeerFailure::Connection => pb::Outcome::Connection,
+            PeerFailure::VerificationFailed => pb::Outcome::VerificationFailed,
+        }
+    }
+}
+
+impl Network {
+    /// Prepares to join the swarm `config` names; `server` is this agent's peer
+    /// service (its load goes into heartbeats). Nothing is sent until
+    /// [`spawn`](Self::spawn).
+    pub fn new(config: &P2pConfig, server: PeerServer) -> Result<Arc<Network>> {
+        let url = config
+            .scheduler
+            .clone()
+            .ok_or_else(|| Error::Agent("p2p: no scheduler configured".into()))?;
+        let address = config.advertised().ok_or_else(|| {
+            Error::Agent("p2p: set p2p.advertise to the ip:port peers reach this node at".into())
+        })?;
+        let token = match &config.token_file {
+            Some(path) => {
+                Some(Token::from_file(path).map_err(|e| Error::io("read p2p token", path, e))?)
+            }
+            None => None,
+        };
+        let auth = AddBearer::new(token.as_ref()).map_err(|e| Error::Agent(format!("p2p: {e}")))?;
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| Error::Agent(format!("p2p.scheduler {url:?}: {e}")))?
+            .connect_timeout(SCHEDULER_TIMEOUT)
+            .timeout(SCHEDULER_TIMEOUT)
+            .tcp_nodelay(true);
+        let scheduler = SchedulerClient::with_interceptor(endpoint.connect_lazy(), auth.clone());
+        let mut labels = HashMap::new();
+        if let Some(zone) = &config.zone {
+            labels.insert("zone".to_string(), zone.clone());
+        }
+        if let Some(rack) = &config.rack {
+            labels.insert("rack".to_string(), rack.clone());
+        }
+        let host = pb::Host {
+            id: config
+                .host_id
+                .clone()
+                .unwrap_or_else(|| default_host_id(address)),
+            address: address.to_string(),
+            labels,
+            upload_limit_bps: config.upload_bytes_per_sec,
+            max_uploads: config.max_uploads,
+        };
+        Ok(Arc::new(Network {
+            host,
+            scheduler,
+            auth,
+            server,
+            peer_timeout: Duration::from_millis(config.peer_timeout_ms),
+            max_wait: Duration::from_secs(config.max_wait_secs),
+            registered: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            peers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn host_id(&self) -> &str {
+        &self.host.id
+    }
+
+    /// Whether the scheduler currently knows this host.
+    pub fn registered(&self) -> bool {
+        self.registered.load(Ordering::Relaxed)
+    }
+
+    pub fn peer_timeout(&self) -> Duration {
+        self.peer_timeout
+    }
+
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// Starts the membership task (register, heartbeat, announce, report) on the
+    /// current runtime.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.clone().membership())
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The scheduler is gone or forgot us: fetch from the origin until registered again.
+    fn lost(&self, why: &str) {
+        if self.registered.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                host = %self.host.id,
+                reason = why,
+                "lost the scheduler; fetching from the origin until it is back"
+            );
+        }
+        self.wake.notify_one();
+    }
+
+    async fn membership(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(200);
+        let mut heartbeat_every = Duration::from_secs(10);
+        let mut unreachable_logged = false;
+        loop {
+            if !self.registered() {
+                match self.register().await {
+                    Ok(lease) => {
+                        heartbeat_every =
+                            (lease / 3).clamp(Duration::from_millis(200), Duration::from_secs(10));
+                        backoff = Duration::from_millis(200);
+                        unreachable_logged = false;
+                    }
+                    Err(e) => {
+                        if !unreachable_logged {
+                            tracing::warn!(host = %self.host.id, error = %e, "cannot register with the scheduler; fetching from the origin, retrying");
+                            unreachable_logged = true;
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+            let beat = tokio::select! {
+                _ = tokio::time::sleep(heartbeat_every) => true,
+                _ = self.wake.notified() => false,
+            };
+            if beat {
+                self.heartbeat().await;
+            }
+            if self.registered() {
+                self.flush().await;
+            }
+        }
+    }
+
+    /// Registers and announces, in full, everything held.
+    async fn register(&self) -> std::result::Result<Duration, tonic::Status> {
+        let mut scheduler = self.scheduler.clone();
+        let lease = scheduler
+            .register(pb::RegisterRequest {
+                host: Some(self.host.clone()),
+            })
+            .await?
+            .into_inner()
+            .lease_ms;
+        let held = {
+            let mut state = self.state();
+            state.pending_held.clear();
+            to_pb(&state.held)
+        };
+        scheduler
+            .announce(pb::AnnounceRequest {
+                host_id: self.host.id.clone(),
+                held,
+                full: true,
+                dropped: Vec::new(),
+            })
+            .await?;
+        self.registered.store(true, Ordering::Relaxed);
+        tracing::info!(host = %self.host.id, address = %self.host.address, "joined the swarm");
+        Ok(Duration::from_millis(lease.max(1)))
+    }
+
+    async fn heartbeat(&self) {
+        let uploads = u32::try_from(self.server.active_uploads()).unwrap_or(u32::MAX);
+        let answer = self
+            .scheduler
+            .clone()
+            .heartbeat(pb::HeartbeatRequest {
+                host_id: self.host.id.clone(),
+                active_uploads: uploads,
+                upload_bps: 0,
+            })
+            .await;
+        match answer {
+            Ok(r) if r.get_ref().reregister => self.lost("the scheduler asked to re-register"),
+            Ok(_) => {}
+            Err(e) => self.lost(e.message()),
+        }
+    }
+
+    /// Sends pending announcements and reports.
+    async fn flush(&self) {
+        let (held, reports) = {
+            let mut state = self.state();
+            (
+                std::mem::take(&mut state.pending_held),
+                std::mem::take(&mut state.pending_reports),
+            )
+        };
+        let mut scheduler = self.scheduler.clone();
+        if !held.is_empty() {
+            let sent = scheduler
+                .announce(pb::AnnounceRequest {
+                    host_id: self.host.id.clone(),
+                    held: to_pb(&held),
+                    full: false,
+                    dropped: Vec::new(),
+                })
+                .await;
+            // Not lost: `held` has it, and the full announcement after re-registering
+            // sends it.
+            if let Err(e) = sent {
+                return self.lost(e.message());
+            }
+        }
+        if !reports.is_empty() {
+            let sent = scheduler
+                .report(pb::ReportRequest {
+                    host_id: self.host.id.clone(),
+                    transfers: reports,
+                })
+                .await;
+            if let Err(e) = sent {
+                self.lost(e.message());
+            }
+        }
+    }
+
+    /// Records that this host now holds (verified, cached) these ranges of `blob`; they
+    /// are announced right away.
+    pub fn held(&self, blob: &str, ranges: impl IntoIterator<Item = (u64, u64)>) {
+        {
+            let mut state = self.state();
+            let new: Vec<(u64, u64)> = ranges.into_iter().filter(|(s, e)| s < e).collect();
+            if new.is_empty() {
+                return;
+            }
+            let state = &mut *state;
+            for map in [&mut state.held, &mut state.pending_held] {
+                let list = map.entry(blob.to_string()).or_default();
+                list.extend(new.iter().copied());
+                merge(list);
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Queues a transfer's outcome for the scheduler. `peer` is `None` for the origin.
+    pub fn report(
+        &self,
+        peer: Option<&Peer>,
+        blob: &str,
+        range: (u64, u64),
+        bytes: u64,
+        duration: Duration,
+        outcome: pb::Outcome,
+    ) {
+        if range.0 >= range.1 {
+            return;
+        }
+        self.state().pending_reports.push(pb::Transfer {
+            peer_id: peer.map(|p| p.id.0.clone()).unwrap_or_default(),
+            blob: blob.to_string(),
+            range: Some(pb::ByteRange {
+                start: range.0,
+                end: range.1,
+            }),
+            bytes,
+            duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            outcome: outcome.into(),
+        });
+        self.wake.notify_one();
+    }
+
+    /// Asks who holds `[start, end)` of `blob`. `None`: no usable answer (not
+    /// registered, the scheduler unreachable or answering nonsense) — use the origin.
+    pub async fn find_peers(&self, blob: &str, range: (u64, u64)) -> Option<PeerChoice> {
+        if !self.registered() {
+            return None;
+        }
+        let answer = self
+            .scheduler
+            .clone()
+            .find_peers(pb::FindPeersRequest {
+                host_id: self.host.id.clone(),
+                blob: blob.to_string(),
+                range: Some(pb::ByteRange {
+                    start: range.0,
+                    end: range.1,
+                }),
+            })
+            .await;
+        match answer {
+            Ok(r) => match PeerChoice::try_from(r.into_inner()) {
+                Ok(choice) => Some(choice),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the scheduler's answer is invalid; using the origin");
+                    None
+                }
+            },
+            Err(e) => {
+                self.lost(e.message());
+                None
+            }
+        }
+    }
+
+    /// Opens a stream of the chunks `digests` from `peer`.
+    pub async fn fetch_chunks(
+        &self,
+        peer: &Peer,
+        algo: DigestAlgo,
+        digests: Vec<[u8; 32]>,
+    ) -> std::result::Result<tonic::Streaming<pb::ChunkData>, PeerFailure> {
+        let mut client = self.peer_client(peer.address)?;
+        let request = pb::FetchChunksRequest {
+            digest_algorithm: match algo {
+                DigestAlgo::Sha256 => "sha256",
+                DigestAlgo::Blake3 => "blake3",
+            }
+            .to_string(),
+            digests: digests.into_iter().map(|d| d.to_vec()).collect(),
+        };
+        match tokio::time::timeout(self.peer_timeout, client.fetch_chunks(request)).await {
+            Err(_) => Err(PeerFailure::Timeout),
+            Ok(Ok(stream)) => Ok(stream.into_inner()),
+            Ok(Err(status)) => Err(failure_of(&status)),
+        }
+    }
+
+    fn peer_client(
+        &self,
+        address: SocketAddr,
+    ) -> std::result::Result<PeerServiceClient<Authed>, PeerFailure> {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = peers.get(&address) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|_| PeerFailure::Protocol)?
+            .connect_timeout(self.peer_timeout)
+            .tcp_nodelay(true)
+            // Chunks are large: a small HTTP/2 window would throttle every stream.
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20));
+        let client =
+            PeerServiceClient::with_interceptor(endpoint.connect_lazy(), self.auth.clone())
+                .max_decoding_message_size(MAX_MESSAGE);
+        peers.insert(address, client.clone());
+        Ok(client)
+    }
+
+    /// Leaves the swarm (shutdown): the scheduler stops sending peers here at once
+    /// rather than when the lease runs out.
+    pub async fn leave(&self) {
+        if !self.registered.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.scheduler.clone().leave(pb::LeaveRequest {
+                host_id: self.host.id.clone(),
+            }),
+        )
+        .await;
+    }
+}
+
+/// What a gRPC error from a peer means for choosing the next one.
+pub fn failure_of(status: &tonic::Status) -> PeerFailure {
+    match status.code() {
+        tonic::Code::ResourceExhausted => PeerFailure::Busy,
+        tonic::Code::DeadlineExceeded => PeerFailure::Timeout,
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
+            PeerFailure::Connection
+        }
+        _ => PeerFailure::Protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge() {
+        let mut r = vec![(10, 20), (0, 5), (5, 8), (19, 30), (40, 50)];
+        merge(&mut r);
+        assert_eq!(r, [(0, 8), (10, 30), (40, 50)]);
+    }
+}
