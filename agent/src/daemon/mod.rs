@@ -53,6 +53,20 @@ pub struct Status {
     pub cache: crate::cache::CacheStats,
     /// Uncompressed bytes the current mounts got, by source.
     pub bytes_by_source: HashMap<String, u64>,
+    /// P2P, when on.
+    #[serde(default)]
+    pub swarm: Option<SwarmStatus>,
+}
+
+/// This agent in the swarm.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SwarmStatus {
+    pub host_id: String,
+    /// Whether the scheduler currently knows this agent (if not, chunks come from the
+    /// origin until it re-registers).
+    pub registered: bool,
+    pub uploads_active: usize,
+    pub uploaded_bytes: u64,
 }
 
 impl std::fmt::Display for Status {
@@ -76,6 +90,20 @@ impl std::fmt::Display for Status {
         }
         if self.mounts.is_empty() {
             writeln!(f, "no mounts")?;
+        }
+        if let Some(s) = &self.swarm {
+            writeln!(
+                f,
+                "swarm      {} as {}; {} uploads now, {:.1} MiB served to peers",
+                if s.registered {
+                    "registered"
+                } else {
+                    "NOT registered (origin only until the scheduler answers)"
+                },
+                s.host_id,
+                s.uploads_active,
+                mib(s.uploaded_bytes)
+            )?;
         }
         for m in &self.mounts {
             writeln!(f, "mount      {m}")?;
@@ -264,6 +292,12 @@ impl Agent {
             mounts: list,
             cache: self.fetcher.cache().stats(),
             bytes_by_source,
+            swarm: self.fetcher.network().map(|n| SwarmStatus {
+                host_id: n.host_id().to_string(),
+                registered: n.registered(),
+                uploads_active: n.server().active_uploads(),
+                uploaded_bytes: n.server().uploaded_bytes(),
+            }),
         }
     }
 
@@ -290,11 +324,6 @@ impl Agent {
         if let Err(e) = self.fetcher.cache().flush() {
             tracing::warn!(error = %e, "could not flush the cache index");
         }
-    }
-
-    /// This agent's id in the swarm, when P2P is on.
-    pub fn host_id(&self) -> Option<&str> {
-        self.fetcher.network().map(|n| n.host_id())
     }
 
     fn canonical(mountpoint: &Path) -> Result<PathBuf> {

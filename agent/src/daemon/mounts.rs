@@ -470,6 +470,15 @@ impl Collector for AgentCollector {
                 cache.verification_failures,
             ),
         ];
+        let uploaded = agent
+            .fetcher
+            .network()
+            .map_or(0, |n| n.server().uploaded_bytes());
+        let counters = counters.into_iter().chain([(
+            "tessera_agent_peer_upload_bytes",
+            "Chunk bytes served to peers",
+            uploaded,
+        )]);
         for (name, help, value) in counters {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
@@ -501,6 +510,22 @@ impl Collector for AgentCollector {
                 "tessera_agent_mounts",
                 "Mounted images",
                 mounts.len() as i64,
+            ),
+            (
+                "tessera_agent_swarm_registered",
+                "1 while the scheduler knows this agent (P2P on and reachable), else 0",
+                agent
+                    .fetcher
+                    .network()
+                    .map_or(0, |n| i64::from(n.registered())),
+            ),
+            (
+                "tessera_agent_peer_uploads",
+                "Uploads to peers in progress",
+                agent
+                    .fetcher
+                    .network()
+                    .map_or(0, |n| n.server().active_uploads() as i64),
             ),
         ];
         for (name, help, value) in gauges {

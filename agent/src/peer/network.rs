@@ -191,6 +191,11 @@ impl Network {
         self.registered.load(Ordering::Relaxed)
     }
 
+    /// The peer service this host runs.
+    pub fn server(&self) -> &PeerServer {
+        &self.server
+    }
+
     pub fn peer_timeout(&self) -> Duration {
         self.peer_timeout
     }

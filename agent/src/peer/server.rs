@@ -5,6 +5,7 @@
 //! node's own workloads.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,8 @@ pub struct PeerServer {
     limits: UploadLimits,
     /// When the bandwidth budget next has room (shared by all uploads).
     pacer: Arc<tokio::sync::Mutex<Instant>>,
+    /// Chunk bytes sent to peers since start.
+    uploaded: Arc<AtomicU64>,
 }
 
 impl PeerServer {
@@ -47,7 +50,13 @@ impl PeerServer {
             uploads: Arc::new(Semaphore::new(limits.max_uploads.max(1))),
             limits,
             pacer: Arc::new(tokio::sync::Mutex::new(Instant::now())),
+            uploaded: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Chunk bytes sent to peers since start.
+    pub fn uploaded_bytes(&self) -> u64 {
+        self.uploaded.load(Ordering::Relaxed)
     }
 
     /// Uploads in progress.
@@ -113,11 +122,12 @@ impl pb::peer_service_server::PeerService for PeerServer {
             DigestAlgorithm::Blake3 => DigestAlgo::Blake3,
         };
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let (cache, pacer, rate, corrupt) = (
+        let (cache, pacer, rate, corrupt, uploaded) = (
             self.cache.clone(),
             self.pacer.clone(),
             self.limits.bytes_per_sec,
             self.limits.corrupt,
+            self.uploaded.clone(),
         );
         tokio::spawn(async move {
             let _permit = permit;
@@ -138,6 +148,7 @@ impl pb::peer_service_server::PeerService for PeerServer {
                     }
                 }
                 pace(&pacer, data.len(), rate).await;
+                uploaded.fetch_add(data.len() as u64, Ordering::Relaxed);
                 let message = pb::ChunkData {
                     digest: digest.to_vec(),
                     data,
