@@ -133,3 +133,70 @@ fn a_busy_peer_says_so() {
             assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
         });
 }
+
+/// With a token configured, the peer service (as the agent serves it) answers only
+/// requests carrying it; the test-only corruption switch really corrupts what it sends.
+#[test]
+fn the_token_is_required_and_the_fault_switch_corrupts() {
+    use tessera_proto::auth::{AddBearer, Token};
+    let t = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(t.path(), 64 << 20).unwrap());
+    let (a, da) = chunk(4, 64 << 10);
+    cache.put(&a, &da).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let token = Token::new("cluster-secret").unwrap();
+            let mut urls = Vec::new();
+            for corrupt in [false, true] {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                urls.push(format!("http://{}", listener.local_addr().unwrap()));
+                let server = PeerServer::new(
+                    cache.clone(),
+                    UploadLimits {
+                        max_uploads: 2,
+                        bytes_per_sec: None,
+                        corrupt,
+                    },
+                );
+                tokio::spawn(server.serve(listener, Some(token.clone())));
+            }
+            let channel = |url: String| async move {
+                tonic::transport::Endpoint::from_shared(url)
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap()
+            };
+            let mut anonymous = PeerServiceClient::new(channel(urls[0].clone()).await);
+            let e = anonymous.fetch_chunks(request(&[&a])).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            assert!(!e.message().contains("cluster-secret"));
+            let wrong = AddBearer::new(Token::new("guess").as_ref()).unwrap();
+            let mut guessing =
+                PeerServiceClient::with_interceptor(channel(urls[0].clone()).await, wrong);
+            let e = guessing.fetch_chunks(request(&[&a])).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+
+            let mut got = Vec::new();
+            for url in &urls {
+                let auth = AddBearer::new(Some(&token)).unwrap();
+                let mut client =
+                    PeerServiceClient::with_interceptor(channel(url.clone()).await, auth);
+                let mut stream = client
+                    .fetch_chunks(request(&[&a]))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                got.push(stream.message().await.unwrap().unwrap().data);
+            }
+            assert!(got[0] == da, "an honest peer sends the cached bytes");
+            assert_eq!(got[1].len(), da.len());
+            assert!(
+                got[1] != da && DigestAlgo::Sha256.digest(&got[1]) != a.digest,
+                "the fault switch sends bytes that fail verification"
+            );
+        });
+}
