@@ -62,6 +62,17 @@ pub struct P2pConfig {
     /// A file holding the bearer token the scheduler and peers require (the same on
     /// every agent and the scheduler).
     pub token_file: Option<PathBuf>,
+    /// TLS: the CA certificate (PEM) that signed the scheduler's and the peers'
+    /// certificates. Needed for an `https://` scheduler and for peer TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// TLS for the peer service: this agent's certificate and key (PEM). When set, the
+    /// peer service speaks only TLS and this agent dials peers with TLS too, so set it
+    /// on every agent or none.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// The name peers' certificates are checked against (peers are dialled by IP; a
+    /// cluster-wide peer certificate usually carries one DNS name). Default: the IP.
+    pub tls_server_name: Option<String>,
     /// Uploads served to peers at once.
     pub max_uploads: u32,
     /// Upload bandwidth to peers (`100M` bytes per second; 0: unlimited).
@@ -89,6 +100,10 @@ impl Default for P2pConfig {
             zone: None,
             rack: None,
             token_file: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_server_name: None,
             max_uploads: 32,
             upload_bytes_per_sec: 0,
             peer_timeout_ms: 3000,
@@ -142,6 +157,18 @@ impl P2pConfig {
                     .to_string(),
             ),
             _ => {}
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            problems.push("p2p.tls_cert, p2p.tls_key: set both or neither".to_string());
+        }
+        let https = self
+            .scheduler
+            .as_deref()
+            .is_some_and(|u| u.starts_with("https://"));
+        if (self.tls_cert.is_some() || https) && self.tls_ca.is_none() {
+            problems.push(
+                "p2p.tls_ca: needed to verify an https:// scheduler and TLS peers".to_string(),
+            );
         }
         if self.max_uploads == 0 {
             problems.push("p2p.max_uploads: at least 1".to_string());

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -161,7 +163,7 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                         corrupt,
                     },
                 );
-                tokio::spawn(server.serve(listener, Some(token.clone())));
+                tokio::spawn(server.serve(listener, Some(token.clone()), None));
             }
             let channel = |url: String| async move {
                 tonic::transport::Endpoint::from_shared(url)
@@ -198,5 +200,71 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                 got[1] != da && DigestAlgo::Sha256.digest(&got[1]) != a.digest,
                 "the fault switch sends bytes that fail verification"
             );
+        });
+}
+
+/// With a TLS identity the peer service speaks only TLS: a client trusting the CA (and
+/// checking the peer's name) gets chunks; a plain-text client gets nothing.
+#[test]
+fn the_peer_service_speaks_tls_when_configured() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+    let t = tempfile::tempdir().unwrap();
+    let certs =
+        support::tls::make_certs(&t.path().join("certs"), &["tessera-peer"], &["127.0.0.1"]);
+    let cache = Arc::new(ChunkCache::open(&t.path().join("cache"), 64 << 20).unwrap());
+    let (a, da) = chunk(6, 300 << 10);
+    cache.put(&a, &da).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let identity = Identity::from_pem(
+                std::fs::read(&certs.cert).unwrap(),
+                std::fs::read(&certs.key).unwrap(),
+            );
+            let server = PeerServer::new(
+                cache.clone(),
+                UploadLimits {
+                    max_uploads: 2,
+                    bytes_per_sec: None,
+                    corrupt: false,
+                },
+            );
+            tokio::spawn(server.serve(
+                listener,
+                None,
+                Some(ServerTlsConfig::new().identity(identity)),
+            ));
+            let ca = Certificate::from_pem(std::fs::read(&certs.ca).unwrap());
+            let channel = Endpoint::from_shared(format!("https://{addr}"))
+                .unwrap()
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(ca)
+                        .domain_name("tessera-peer"),
+                )
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut client = PeerServiceClient::new(channel);
+            let mut stream = client
+                .fetch_chunks(request(&[&a]))
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(stream.message().await.unwrap().unwrap().data == da);
+
+            let plain = Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await;
+            if let Ok(channel) = plain {
+                let mut client = PeerServiceClient::new(channel);
+                assert!(client.fetch_chunks(request(&[&a])).await.is_err());
+            }
         });
 }

@@ -60,6 +60,18 @@ pub struct AgentArgs {
     /// A file with the bearer token the scheduler and peers require.
     #[arg(long, env = "TESSERA_P2P_TOKEN_FILE", value_name = "FILE")]
     p2p_token_file: Option<PathBuf>,
+    /// TLS: the CA (PEM) that signed the scheduler's and peers' certificates.
+    #[arg(long, env = "TESSERA_P2P_TLS_CA", value_name = "FILE")]
+    p2p_tls_ca: Option<PathBuf>,
+    /// TLS for the peer service (this agent's certificate and key, PEM); peers are
+    /// then dialled with TLS too.
+    #[arg(long, env = "TESSERA_P2P_TLS_CERT", value_name = "FILE")]
+    p2p_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "TESSERA_P2P_TLS_KEY", value_name = "FILE")]
+    p2p_tls_key: Option<PathBuf>,
+    /// The name peers' certificates carry (default: their IP).
+    #[arg(long, env = "TESSERA_P2P_TLS_SERVER_NAME", value_name = "NAME")]
+    p2p_tls_server_name: Option<String>,
     /// Uploads served to peers at once.
     #[arg(long, env = "TESSERA_MAX_UPLOADS", value_name = "N")]
     max_uploads: Option<u32>,
@@ -116,8 +128,18 @@ impl AgentArgs {
         if let Some(v) = &self.peer_listen {
             p.peer_listen = v.clone();
         }
-        if let Some(v) = &self.p2p_token_file {
-            p.token_file = Some(v.clone());
+        for (key, flag) in [
+            (&mut p.token_file, &self.p2p_token_file),
+            (&mut p.tls_ca, &self.p2p_tls_ca),
+            (&mut p.tls_cert, &self.p2p_tls_cert),
+            (&mut p.tls_key, &self.p2p_tls_key),
+        ] {
+            if flag.is_some() {
+                key.clone_from(flag);
+            }
+        }
+        if self.p2p_tls_server_name.is_some() {
+            p.tls_server_name.clone_from(&self.p2p_tls_server_name);
         }
         if let Some(v) = self.max_uploads {
             p.max_uploads = v;

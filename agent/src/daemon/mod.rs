@@ -139,10 +139,11 @@ fn join_swarm(
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .and_then(tokio::net::TcpListener::from_std)
         .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
+    let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone())?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
     let serving = tokio::spawn(async move {
-        if let Err(e) = server.serve(listener, token).await {
+        if let Err(e) = server.serve(listener, token, tls).await {
             tracing::error!(error = %e, "the peer service stopped");
         }
     });

@@ -23,7 +23,7 @@ use tessera_proto::pb::peer_service_client::PeerServiceClient;
 use tessera_proto::pb::scheduler_client::SchedulerClient;
 use tokio::sync::Notify;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::P2pConfig;
 use crate::peer::PeerServer;
@@ -45,6 +45,8 @@ pub struct Network {
     scheduler: SchedulerClient<Authed>,
     auth: AddBearer,
     server: PeerServer,
+    /// Set when peers speak TLS (this agent's peer service does too).
+    peer_tls: Option<ClientTlsConfig>,
     peer_timeout: Duration,
     max_wait: Duration,
     /// Registered with a scheduler that answers; `false` sends every fetch to the origin.
@@ -103,6 +105,30 @@ fn default_host_id(advertised: SocketAddr) -> String {
     }
 }
 
+/// The TLS settings for dialling the scheduler and peers: trust `p2p.tls_ca`.
+fn tls_client(config: &P2pConfig) -> Result<Option<ClientTlsConfig>> {
+    let Some(ca) = &config.tls_ca else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(ca).map_err(|e| Error::io("read p2p.tls_ca", ca, e))?;
+    Ok(Some(
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
+    ))
+}
+
+/// The peer service's TLS identity from `p2p.tls_cert` and `p2p.tls_key`, if set.
+pub fn tls_server(config: &P2pConfig) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let cert = std::fs::read(cert).map_err(|e| Error::io("read p2p.tls_cert", cert, e))?;
+    let key = std::fs::read(key).map_err(|e| Error::io("read p2p.tls_key", key, e))?;
+    Ok(Some(
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(cert, key)),
+    ))
+}
+
 /// How a peer transfer ended, for the report and the choice of the next peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PeerFailure {
@@ -145,11 +171,20 @@ impl Network {
             None => None,
         };
         let auth = AddBearer::new(token.as_ref()).map_err(|e| Error::Agent(format!("p2p: {e}")))?;
-        let endpoint = Endpoint::from_shared(url.clone())
+        let tls = tls_client(config)?;
+        let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| Error::Agent(format!("p2p.scheduler {url:?}: {e}")))?
             .connect_timeout(SCHEDULER_TIMEOUT)
             .timeout(SCHEDULER_TIMEOUT)
             .tcp_nodelay(true);
+        if url.starts_with("https://") {
+            let tls = tls.clone().ok_or_else(|| {
+                Error::Agent("p2p: an https:// scheduler needs p2p.tls_ca".into())
+            })?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::Agent(format!("p2p.scheduler TLS: {e}")))?;
+        }
         let scheduler = SchedulerClient::with_interceptor(endpoint.connect_lazy(), auth.clone());
         let mut labels = HashMap::new();
         if let Some(zone) = &config.zone {
@@ -173,6 +208,14 @@ impl Network {
             scheduler,
             auth,
             server,
+            peer_tls: if config.tls_cert.is_some() {
+                tls.map(|t| match &config.tls_server_name {
+                    Some(name) => t.domain_name(name.clone()),
+                    None => t,
+                })
+            } else {
+                None
+            },
             peer_timeout: Duration::from_millis(config.peer_timeout_ms),
             max_wait: Duration::from_secs(config.max_wait_secs),
             registered: AtomicBool::new(false),
@@ -457,8 +500,19 @@ impl Network {
         if let Some(c) = peers.get(&address) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|_| PeerFailure::Protocol)?
+        let scheme = if self.peer_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|_| PeerFailure::Protocol)?;
+        if let Some(tls) = &self.peer_tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|_| PeerFailure::Protocol)?;
+        }
+        let endpoint = endpoint
             .connect_timeout(self.peer_timeout)
             .tcp_nodelay(true)
             // Chunks are large: a small HTTP/2 window would throttle every stream.

@@ -64,12 +64,13 @@ impl PeerServer {
         self.limits.max_uploads.max(1) - self.uploads.available_permits()
     }
 
-    /// Serves the peer service on `listener` until the task is dropped; requests must
-    /// carry `token` when one is set.
+    /// Serves the peer service on `listener` until the task is dropped: over TLS when
+    /// `tls` is set; requests must carry `token` when one is set.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
         token: Option<tessera_proto::auth::Token>,
+        tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> crate::Result<()> {
         use tessera_proto::pb::peer_service_server::PeerServiceServer;
         let addr = listener.local_addr().ok();
@@ -77,7 +78,13 @@ impl PeerServer {
             self,
             tessera_proto::auth::RequireBearer::new(token, "peer service"),
         );
-        tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder
+                .tls_config(tls)
+                .map_err(|e| crate::Error::Agent(format!("peer service TLS: {e}")))?;
+        }
+        builder
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))

@@ -8,6 +8,7 @@ pub mod fstree;
 pub mod http;
 pub mod oci;
 pub mod registry;
+pub mod tls;
 pub mod token_server;
 
 use std::path::Path;
