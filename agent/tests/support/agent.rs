@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use super::netns::NetHost;
 use super::tessera;
 
 pub struct AgentProcess {
@@ -15,6 +16,8 @@ pub struct AgentProcess {
     pub cache_dir: PathBuf,
     pub metrics: String,
     extra: Vec<String>,
+    /// Runs in this cluster host's network namespace, if set.
+    host: Option<NetHost>,
 }
 
 fn free_port() -> u16 {
@@ -35,6 +38,25 @@ impl AgentProcess {
             cache_dir: dir.join("cache"),
             metrics: format!("127.0.0.1:{}", free_port()),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            host: None,
+        };
+        agent.spawn();
+        agent
+    }
+
+    /// Starts an agent in `host`'s network namespace (its files, socket and mounts are
+    /// still on this machine's filesystem, so the test uses them as usual); metrics on
+    /// `host.ip:9464`.
+    pub fn start_in(dir: &Path, host: &NetHost, extra: &[&str]) -> AgentProcess {
+        std::fs::create_dir_all(dir).expect("agent dir");
+        let mut agent = AgentProcess {
+            child: None,
+            dir: dir.to_path_buf(),
+            socket: dir.join("agent.sock"),
+            cache_dir: dir.join("cache"),
+            metrics: format!("{}:9464", host.ip),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            host: Some(host.clone()),
         };
         agent.spawn();
         agent
@@ -46,7 +68,11 @@ impl AgentProcess {
             .append(true)
             .open(self.dir.join("agent.log"))
             .expect("agent log");
-        let child = tessera()
+        let mut command = match &self.host {
+            Some(h) => h.command(env!("CARGO_BIN_EXE_tessera")),
+            None => tessera(),
+        };
+        let child = command
             .arg("agent")
             .arg("--socket")
             .arg(&self.socket)

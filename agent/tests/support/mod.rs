@@ -6,8 +6,10 @@ pub mod agent;
 pub mod fault_proxy;
 pub mod fstree;
 pub mod http;
+pub mod netns;
 pub mod oci;
 pub mod registry;
+pub mod scheduler;
 pub mod tls;
 pub mod token_server;
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::netns::NetHost;
 use super::oci::{require_tool, run};
 use super::token_server::{self, TokenConfig, TokenServer};
 
@@ -46,14 +47,23 @@ impl Registry {
 
     /// Starts a registry authenticating as `auth` says and waits until it listens.
     pub fn start_with(auth: Auth) -> Registry {
-        require_tool("docker-registry");
-        let dir = tempfile::tempdir().expect("temp dir");
         // A free port: bind port 0, note it, release it for the registry.
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("find a free port")
             .port();
-        let addr = format!("127.0.0.1:{port}");
+        Registry::launch(auth, format!("127.0.0.1:{port}"), None)
+    }
+
+    /// Starts an open registry on `host:5000` inside a cluster host's network
+    /// namespace (reachable from the test process through the cluster's bridge).
+    pub fn start_in(host: &NetHost) -> Registry {
+        Registry::launch(Auth::None, format!("{}:5000", host.ip), Some(host))
+    }
+
+    fn launch(auth: Auth, addr: String, host: Option<&NetHost>) -> Registry {
+        require_tool("docker-registry");
+        let dir = tempfile::tempdir().expect("temp dir");
         let (auth_config, creds, token_server) = match auth {
             Auth::None => (String::new(), None, None),
             Auth::Basic { username, password } => {
@@ -93,7 +103,11 @@ impl Registry {
         )
         .expect("write registry config");
         let log = dir.path().join("registry.log");
-        let child = Command::new("docker-registry")
+        let mut command = match host {
+            Some(h) => h.command("docker-registry"),
+            None => Command::new("docker-registry"),
+        };
+        let child = command
             .args(["serve", config.to_str().expect("utf-8")])
             .stdout(Stdio::from(std::fs::File::create(&log).expect("log")))
             .stderr(Stdio::from(
