@@ -8,7 +8,7 @@ CARGO ?= cargo
 # setfattr, FUSE and the registry for later issues.
 TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry
 
-.PHONY: test test-deps lint unit demo bench bench-convert bench-mount fuzz
+.PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-scheduler fuzz
 
 test: test-deps lint unit
 
@@ -43,6 +43,12 @@ bench-convert:
 bench-mount:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/mount.sh
+
+# N agents (1, 5, 10, 20) pulling one image at once through a capped registry, P2P on vs
+# off, on a network-namespace cluster (root). TESSERA_BENCH_SWARM_{NODES,MB,CAP}.
+bench-swarm:
+	$(CARGO) build --release -p tessera-scheduler
+	$(CARGO) bench -p tessera-agent --bench swarm
 
 fuzz:
 	bash rafs-format/fuzz/run.sh

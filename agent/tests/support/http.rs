@@ -281,6 +281,9 @@ pub fn reader(stream: &TcpStream) -> io::Result<BufReader<TcpStream>> {
 
 #[cfg(test)]
 mod tests {
+    // The swarm benchmark compiles this module with `cfg(test)` but no test harness,
+    // which drops the `#[test]` functions and leaves the import unused.
+    #[allow(unused_imports)]
     use super::*;
 
     #[test]

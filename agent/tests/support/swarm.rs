@@ -1,0 +1,156 @@
+//! A P2P test bed on a [`Cluster`]: a registry (egress capped) holding one converted
+//! image of random files, a scheduler, and agents added one host each. Shared by the
+//! P2P tests and the swarm benchmark.
+
+use std::path::{Path, PathBuf};
+
+use super::agent::AgentProcess;
+use super::netns::{Cluster, NetHost};
+use super::oci::{self, build_files_image, pseudo_random};
+use super::registry::Registry;
+use super::scheduler::SchedulerProcess;
+use super::{s, tessera};
+
+/// A registry holding one converted image, a scheduler, and room for agents.
+/// Fields drop in order: processes before the namespaces they run in.
+pub struct Swarm {
+    pub scheduler: SchedulerProcess,
+    /// Kept for its lifetime: dropping it stops the registry.
+    _registry: Registry,
+    registry_host: NetHost,
+    cluster: Cluster,
+    /// Agent config naming the registry as plain HTTP.
+    config: PathBuf,
+    pub reference: String,
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Compressed size of the converted image (blobs, bootstrap, config).
+    pub image_bytes: u64,
+    agents: usize,
+    t: tempfile::TempDir,
+}
+
+impl Swarm {
+    /// `count` files of `size` random bytes, converted; the registry capped at `cap`.
+    pub fn new(count: u64, size: usize, cap: &str, scheduler_args: &[&str]) -> Swarm {
+        let t = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster::new();
+        let registry_host = cluster.add_host("registry");
+        registry_host.cap_egress(cap);
+        let registry = Registry::start_in(&registry_host);
+        let scheduler_host = cluster.add_host("scheduler");
+        let scheduler = SchedulerProcess::start_in(
+            &scheduler_host,
+            t.path().join("scheduler.log"),
+            scheduler_args,
+        );
+        let files: Vec<(String, Vec<u8>)> = (0..count)
+            .map(|i| (format!("data/file{i:02}.bin"), pseudo_random(size, 700 + i)))
+            .collect();
+        let layout = t.path().join("layout");
+        build_files_image(
+            &layout,
+            "amd64",
+            &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+        );
+        registry.push_layout(&layout, oci::TAG, "src/app");
+        let config = t.path().join("agent.toml");
+        std::fs::write(
+            &config,
+            format!("[registry]\ninsecure = [\"{}\"]\n", registry.addr),
+        )
+        .unwrap();
+        let out = tessera()
+            .args(["convert", "--json", "--config"])
+            .arg(&config)
+            .arg(format!("{}/src/app:v1", registry.addr))
+            .arg(format!("{}/tessera/app:v1", registry.addr))
+            .env("DOCKER_CONFIG", t.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "convert: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        Swarm {
+            scheduler,
+            image_bytes: summary["pushed_bytes"].as_u64().unwrap(),
+            reference: format!("{}/tessera/app:v1", registry.addr),
+            _registry: registry,
+            registry_host,
+            cluster,
+            config,
+            files,
+            agents: 0,
+            t,
+        }
+    }
+
+    /// A new agent on its own host, in the swarm, with `extra` flags.
+    pub fn agent(&mut self, extra: &[&str]) -> AgentProcess {
+        self.agents += 1;
+        let n = self.agents;
+        let host = self.cluster.add_host(&format!("agent{n}"));
+        let peer_listen = format!("{}:7081", host.ip);
+        let id = format!("agent{n}");
+        let mut args = vec![
+            "--config",
+            s(&self.config),
+            "--prefetch",
+            "none",
+            "--scheduler",
+            &self.scheduler.url,
+            "--peer-listen",
+            &peer_listen,
+            "--host-id",
+            &id,
+            "--zone",
+            "z1",
+        ];
+        args.extend_from_slice(extra);
+        AgentProcess::start_in(&self.t.path().join(&id), &host, &args)
+    }
+
+    /// Mounts the image through `agent`; returns the mountpoint.
+    pub fn mount(&self, agent: &AgentProcess) -> PathBuf {
+        let mnt = agent.dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        agent.ok(&["mount", &self.reference, s(&mnt)]);
+        mnt
+    }
+
+    /// Reads every file through `mnt` and compares it with the original.
+    pub fn read_all(&self, mnt: &Path) {
+        for (path, data) in &self.files {
+            let got = std::fs::read(mnt.join(path)).unwrap();
+            assert!(
+                got == *data,
+                "{path} read through {} differs",
+                mnt.display()
+            );
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.files.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    /// Bytes the registry has sent so far, counted on its own network interface.
+    pub fn origin_tx(&self) -> u64 {
+        self.registry_host.tx_bytes()
+    }
+}
+
+/// Waits until `agent` is registered with the scheduler (or fails after 20 s).
+pub fn wait_registered(agent: &AgentProcess) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while agent.status()["swarm"]["registered"] != true {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent never registered:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
