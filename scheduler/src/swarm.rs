@@ -3,6 +3,11 @@
 //! scheduler starts empty; agents re-register and re-announce when their heartbeat is
 //! answered with "re-register".
 //!
+//! Sized for large swarms: hosts and blobs are interned as small numbers, so holding
+//! "10,000 hosts × 1,000 blobs" costs tens of bytes per holding, and a lookup ranks a
+//! bounded sample of a blob's holders (starting at a rotating place) instead of all of
+//! them. Forgetting a host touches only the blobs it held.
+//!
 //! All methods take `now`, so leases, waits and penalties are tested without sleeping.
 
 use std::collections::HashMap;
@@ -18,7 +23,8 @@ use tessera_proto::domain::{
 pub struct SwarmConfig {
     /// How long a registration lasts without a heartbeat.
     pub lease: Duration,
-    /// Hosts sent to the origin for the same range while nobody holds it.
+    /// Hosts sent to the origin at once for overlapping ranges nobody holds. One keeps
+    /// origin egress at about one copy of the image however many hosts pull it.
     pub origin_fetchers: usize,
     /// How long the others are told to wait before asking again.
     pub wait: Duration,
@@ -27,6 +33,9 @@ pub struct SwarmConfig {
     pub origin_timeout: Duration,
     /// Peers returned per answer.
     pub peers_returned: usize,
+    /// Usable holders ranked per answer (a sample: ranking every holder of a hot blob
+    /// in a 10,000-host swarm would make every lookup slow).
+    pub sample: usize,
     /// Verification failures after which a host is no longer offered as a peer.
     pub verification_failure_limit: u32,
     /// Consecutive transfer failures after which a host is rested for `rest`.
@@ -38,16 +47,22 @@ impl Default for SwarmConfig {
     fn default() -> Self {
         SwarmConfig {
             lease: Duration::from_secs(30),
-            origin_fetchers: 2,
+            origin_fetchers: 1,
             wait: Duration::from_millis(200),
-            origin_timeout: Duration::from_secs(20),
+            origin_timeout: Duration::from_secs(10),
             peers_returned: 4,
+            sample: 32,
             verification_failure_limit: 2,
             failure_limit: 3,
             rest: Duration::from_secs(30),
         }
     }
 }
+
+/// A host's slot in [`Swarm::slots`].
+type Slot = u32;
+/// A blob's index in [`Swarm::blobs`].
+type BlobIx = u32;
 
 #[derive(Debug)]
 struct HostState {
@@ -64,20 +79,36 @@ struct HostState {
     verification_failures: u32,
     /// Not offered as a peer before this instant.
     resting_until: Option<Instant>,
+    /// Blobs this host holds ranges of or fetches from the origin: what to clean up
+    /// when it is forgotten.
+    blobs: Vec<BlobIx>,
 }
 
-/// Origin fetches under way for one range.
-#[derive(Debug)]
-struct OriginFetch {
-    hosts: Vec<HostId>,
+/// An origin fetch under way.
+#[derive(Debug, Clone)]
+struct Flight {
+    range: ByteRange,
+    host: Slot,
     started: Instant,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct BlobState {
-    /// Merged, sorted ranges each host holds.
-    holders: HashMap<HostId, Vec<ByteRange>>,
-    origin: HashMap<ByteRange, OriginFetch>,
+    /// Holders with their merged, sorted ranges; `position` finds a holder's entry.
+    holders: Vec<(Slot, Vec<ByteRange>)>,
+    position: HashMap<Slot, usize>,
+    flights: Vec<Flight>,
+}
+
+impl BlobState {
+    fn remove_holder(&mut self, slot: Slot) {
+        if let Some(i) = self.position.remove(&slot) {
+            self.holders.swap_remove(i);
+            if let Some((moved, _)) = self.holders.get(i) {
+                self.position.insert(*moved, i);
+            }
+        }
+    }
 }
 
 /// The scheduler's answer to "who has this range".
@@ -101,8 +132,13 @@ pub struct UnknownHost(pub String);
 #[derive(Debug, Default)]
 pub struct Swarm {
     config: SwarmConfig,
-    hosts: HashMap<HostId, HostState>,
-    blobs: HashMap<BlobDigest, BlobState>,
+    ids: HashMap<HostId, Slot>,
+    slots: Vec<Option<HostState>>,
+    free_slots: Vec<Slot>,
+    blob_ids: HashMap<BlobDigest, BlobIx>,
+    blobs: Vec<BlobState>,
+    /// Moves where each lookup starts sampling holders.
+    cursor: u64,
 }
 
 fn merge(ranges: &mut Vec<ByteRange>) {
@@ -117,10 +153,23 @@ fn merge(ranges: &mut Vec<ByteRange>) {
     *ranges = out;
 }
 
+fn overlaps(a: ByteRange, b: ByteRange) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Bytes of `want` that `ranges` (merged, sorted) hold.
+fn covered(ranges: &[ByteRange], want: ByteRange) -> u64 {
+    ranges
+        .iter()
+        .skip(ranges.partition_point(|r| r.end <= want.start))
+        .take_while(|r| r.start < want.end)
+        .map(|r| r.end.min(want.end) - r.start.max(want.start))
+        .sum()
+}
+
+#[cfg(test)]
 fn covers(ranges: &[ByteRange], want: ByteRange) -> bool {
-    // Merged and sorted: the covering range, if any, is the last starting at or before.
-    let i = ranges.partition_point(|r| r.start <= want.start);
-    i > 0 && ranges[i - 1].end >= want.end
+    covered(ranges, want) == want.end - want.start
 }
 
 fn subtract(ranges: &mut Vec<ByteRange>, gone: ByteRange) {
@@ -155,27 +204,36 @@ impl Swarm {
     }
 
     pub fn host_count(&self) -> usize {
-        self.hosts.len()
+        self.ids.len()
     }
 
     /// Joins (or re-joins, keeping nothing of before) the swarm; returns the lease.
     pub fn register(&mut self, host: Host, now: Instant) -> Duration {
         let id = host.id.clone();
         self.forget(&id);
-        self.hosts.insert(
-            id,
-            HostState {
-                host,
-                expires: now + self.config.lease,
-                active_uploads: 0,
-                offered: 0,
-                speed: 0.0,
-                successes: 0,
-                consecutive_failures: 0,
-                verification_failures: 0,
-                resting_until: None,
-            },
-        );
+        let state = HostState {
+            host,
+            expires: now + self.config.lease,
+            active_uploads: 0,
+            offered: 0,
+            speed: 0.0,
+            successes: 0,
+            consecutive_failures: 0,
+            verification_failures: 0,
+            resting_until: None,
+            blobs: Vec::new(),
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(state);
+                slot
+            }
+            None => {
+                self.slots.push(Some(state));
+                (self.slots.len() - 1) as Slot
+            }
+        };
+        self.ids.insert(id, slot);
         self.config.lease
     }
 
@@ -187,39 +245,92 @@ impl Swarm {
         now: Instant,
     ) -> Result<Duration, UnknownHost> {
         let lease = self.config.lease;
-        let h = self.live_host(id, now)?;
+        let slot = self.live_slot(id, now)?;
+        let h = self.state_mut(slot);
         h.expires = now + lease;
         h.active_uploads = active_uploads;
         h.offered = 0;
         Ok(lease)
     }
 
-    fn live_host(&mut self, id: &HostId, now: Instant) -> Result<&mut HostState, UnknownHost> {
-        match self.hosts.get_mut(id) {
-            Some(h) if h.expires > now => Ok(h),
+    fn live_slot(&self, id: &HostId, now: Instant) -> Result<Slot, UnknownHost> {
+        match self.ids.get(id) {
+            Some(&slot) if self.state(slot).is_some_and(|h| h.expires > now) => Ok(slot),
             _ => Err(UnknownHost(id.0.clone())),
         }
     }
 
+    fn state(&self, slot: Slot) -> Option<&HostState> {
+        self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// The state of a slot known to be live (callers hold it from `live_slot`).
+    fn state_mut(&mut self, slot: Slot) -> &mut HostState {
+        match self.slots.get_mut(slot as usize).and_then(Option::as_mut) {
+            Some(h) => h,
+            None => unreachable!("slot {slot} of a live host is empty"),
+        }
+    }
+
+    /// The blob's index, interning it (and noting that `slot` has a stake in it).
+    fn blob_ix(&mut self, digest: &BlobDigest, slot: Slot) -> BlobIx {
+        let ix = match self.blob_ids.get(digest) {
+            Some(&ix) => ix,
+            None => {
+                let ix = self.blobs.len() as BlobIx;
+                self.blobs.push(BlobState {
+                    holders: Vec::new(),
+                    position: HashMap::new(),
+                    flights: Vec::new(),
+                });
+                self.blob_ids.insert(digest.clone(), ix);
+                ix
+            }
+        };
+        let h = self.state_mut(slot);
+        if !h.blobs.contains(&ix) {
+            h.blobs.push(ix);
+        }
+        ix
+    }
+
     /// Records what a host holds (adding, or replacing with `full`) and no longer holds.
+    /// Its origin fetches of ranges it now announces are over.
     pub fn announce(&mut self, a: Announce, now: Instant) -> Result<(), UnknownHost> {
-        self.live_host(&a.host, now)?;
+        let slot = self.live_slot(&a.host, now)?;
         if a.full {
-            for blob in self.blobs.values_mut() {
-                blob.holders.remove(&a.host);
+            for ix in std::mem::take(&mut self.state_mut(slot).blobs) {
+                let blob = &mut self.blobs[ix as usize];
+                blob.remove_holder(slot);
+                blob.flights.retain(|f| f.host != slot);
             }
         }
         for held in a.held {
-            let blob = self.blobs.entry(held.blob).or_default();
-            let ranges = blob.holders.entry(a.host.clone()).or_default();
+            let ix = self.blob_ix(&held.blob, slot);
+            let blob = &mut self.blobs[ix as usize];
+            let i = match blob.position.get(&slot) {
+                Some(&i) => i,
+                None => {
+                    blob.holders.push((slot, Vec::new()));
+                    blob.position.insert(slot, blob.holders.len() - 1);
+                    blob.holders.len() - 1
+                }
+            };
+            let ranges = &mut blob.holders[i].1;
             ranges.extend(held.ranges);
             merge(ranges);
+            // Any part announced ends the flight: others now get this host for that
+            // part and ask again for the rest (going to the origin if nobody has it).
+            let ranges = ranges.clone();
+            blob.flights
+                .retain(|f| f.host != slot || !ranges.iter().any(|r| overlaps(*r, f.range)));
         }
         for dropped in a.dropped {
-            if let Some(blob) = self.blobs.get_mut(&dropped.blob) {
-                if let Some(ranges) = blob.holders.get_mut(&a.host) {
+            if let Some(&ix) = self.blob_ids.get(&dropped.blob) {
+                let blob = &mut self.blobs[ix as usize];
+                if let Some(&i) = blob.position.get(&slot) {
                     for r in dropped.ranges {
-                        subtract(ranges, r);
+                        subtract(&mut blob.holders[i].1, r);
                     }
                 }
             }
@@ -227,103 +338,146 @@ impl Swarm {
         Ok(())
     }
 
-    /// Who should serve `f.range` of `f.blob` to `f.host`.
+    /// Who should serve `f.range` of `f.blob` to `f.host`: holders of it (those holding
+    /// all of it first, then by score), or — when nobody holds any of it — the origin
+    /// for a few hosts and a short wait for the rest.
     pub fn find_peers(&mut self, f: &FindPeers, now: Instant) -> Result<Decision, UnknownHost> {
-        let zone = self
-            .live_host(&f.host, now)?
-            .host
-            .labels
-            .get("zone")
-            .cloned();
-        let config = self.config.clone();
-        let blob = self.blobs.entry(f.blob.clone()).or_default();
-        let mut candidates: Vec<(f64, HostId, SocketAddr)> = blob
-            .holders
-            .iter()
-            .filter(|(id, ranges)| **id != f.host && covers(ranges, f.range))
-            .filter_map(|(id, _)| {
-                let h = self.hosts.get(id)?;
-                let usable = h.expires > now
-                    && h.verification_failures < config.verification_failure_limit
-                    && h.resting_until.is_none_or(|t| t <= now);
-                usable.then(|| (score(h, zone.as_deref()), id.clone(), h.host.address))
-            })
-            .collect();
+        let me = self.live_slot(&f.host, now)?;
+        let zone = self.state_mut(me).host.labels.get("zone").cloned();
+        let ix = self.blob_ix(&f.blob, me);
+        self.cursor = self.cursor.wrapping_add(1);
+        let (config, cursor) = (&self.config, self.cursor);
+        let blob = &self.blobs[ix as usize];
+        let want = f.range.end - f.range.start;
+        let n = blob.holders.len();
+        // A sample of usable holders, starting somewhere new each time; stop early once
+        // it holds `sample` hosts, or after looking at a bounded number of entries.
+        let start = if n == 0 {
+            0
+        } else {
+            (cursor.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n as u64) as usize
+        };
+        let mut candidates: Vec<(bool, f64, Slot)> = Vec::new();
+        for k in 0..n.min(config.sample * 16) {
+            let (slot, ranges) = &blob.holders[(start + k) % n];
+            if *slot == me {
+                continue;
+            }
+            let held = covered(ranges, f.range);
+            if held == 0 {
+                continue;
+            }
+            let Some(h) = self.slots.get(*slot as usize).and_then(Option::as_ref) else {
+                continue;
+            };
+            let usable = h.expires > now
+                && h.verification_failures < config.verification_failure_limit
+                && h.resting_until.is_none_or(|t| t <= now);
+            if usable {
+                candidates.push((held == want, score(h, zone.as_deref()), *slot));
+                if candidates.len() >= config.sample {
+                    break;
+                }
+            }
+        }
         if !candidates.is_empty() {
-            blob.origin.remove(&f.range);
-            candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            candidates.sort_by(|a, b| {
+                b.0.cmp(&a.0)
+                    .then_with(|| b.1.total_cmp(&a.1))
+                    .then_with(|| a.2.cmp(&b.2))
+            });
             candidates.truncate(config.peers_returned);
-            if let Some(first) = self.hosts.get_mut(&candidates[0].1) {
-                first.offered += 1;
-            }
-            return Ok(Decision::Peers(
-                candidates
-                    .into_iter()
-                    .map(|(_, id, addr)| (id, addr))
-                    .collect(),
-            ));
+            self.state_mut(candidates[0].2).offered += 1;
+            let peers = candidates
+                .iter()
+                .filter_map(|(_, _, slot)| self.state(*slot))
+                .map(|h| (h.host.id.clone(), h.host.address))
+                .collect();
+            return Ok(Decision::Peers(peers));
         }
-        // Nobody holds it: only a few go to the origin; the others wait for them.
-        let fetch = blob.origin.entry(f.range).or_insert(OriginFetch {
-            hosts: Vec::new(),
-            started: now,
-        });
-        if now.duration_since(fetch.started) > config.origin_timeout {
-            fetch.hosts.clear();
-            fetch.started = now;
-        }
-        if fetch.hosts.contains(&f.host) || fetch.hosts.len() < config.origin_fetchers {
-            if !fetch.hosts.contains(&f.host) {
-                fetch.hosts.push(f.host.clone());
+        // Nobody holds any of it: only a few go to the origin; the others wait for them.
+        let (fetchers, timeout, wait) =
+            (config.origin_fetchers, config.origin_timeout, config.wait);
+        let blob = &mut self.blobs[ix as usize];
+        blob.flights
+            .retain(|fl| now.duration_since(fl.started) <= timeout);
+        let mut others: Vec<Slot> = Vec::new();
+        for fl in blob.flights.iter().filter(|fl| overlaps(fl.range, f.range)) {
+            if fl.host == me {
+                return Ok(Decision::Origin);
             }
+            if !others.contains(&fl.host) {
+                others.push(fl.host);
+            }
+        }
+        if others.len() < fetchers {
+            blob.flights.push(Flight {
+                range: f.range,
+                host: me,
+                started: now,
+            });
             return Ok(Decision::Origin);
         }
-        Ok(Decision::Wait(config.wait))
+        Ok(Decision::Wait(wait))
     }
 
     /// Learns from transfers: speeds and successes raise a peer, failures rest it, and
-    /// verification failures exclude it.
+    /// verification failures exclude it. A failed origin fetch ends the reporter's
+    /// flight so another host may try.
     pub fn report(
         &mut self,
         reporter: &HostId,
         transfers: &[Transfer],
         now: Instant,
     ) -> Result<(), UnknownHost> {
-        self.live_host(reporter, now)?;
+        let me = self.live_slot(reporter, now)?;
         for t in transfers {
-            let Some(peer) = t.peer.as_ref().and_then(|p| self.hosts.get_mut(p)) else {
+            let Some(peer) = &t.peer else {
+                if t.outcome != Outcome::Ok {
+                    if let Some(&ix) = self.blob_ids.get(&t.blob) {
+                        self.blobs[ix as usize]
+                            .flights
+                            .retain(|f| f.host != me || !overlaps(f.range, t.range));
+                    }
+                }
                 continue;
             };
+            let Some(&slot) = self.ids.get(peer) else {
+                continue;
+            };
+            let (limit, rest) = (self.config.failure_limit, self.config.rest);
+            let p = self.state_mut(slot);
             match t.outcome {
                 Outcome::Ok => {
-                    peer.successes += 1;
-                    peer.consecutive_failures = 0;
+                    p.successes += 1;
+                    p.consecutive_failures = 0;
                     if t.duration_us > 0 {
                         let speed = t.bytes as f64 / (t.duration_us as f64 / 1e6);
-                        peer.speed = if peer.speed == 0.0 {
+                        p.speed = if p.speed == 0.0 {
                             speed
                         } else {
-                            0.8 * peer.speed + 0.2 * speed
+                            0.8 * p.speed + 0.2 * speed
                         };
                     }
                 }
                 Outcome::VerificationFailed => {
-                    peer.verification_failures += 1;
-                    tracing::warn!(peer = %peer.host.id.0, reporter = %reporter.0, "peer served bytes that failed verification");
+                    p.verification_failures += 1;
+                    tracing::warn!(peer = %peer.0, reporter = %reporter.0, "peer served bytes that failed verification");
                 }
                 Outcome::NotFound => {
                     // It no longer holds the range: forget that it did.
-                    if let Some(blob) = self.blobs.get_mut(&t.blob) {
-                        if let Some(ranges) = blob.holders.get_mut(&peer.host.id) {
-                            subtract(ranges, t.range);
+                    if let Some(&ix) = self.blob_ids.get(&t.blob) {
+                        let blob = &mut self.blobs[ix as usize];
+                        if let Some(&i) = blob.position.get(&slot) {
+                            subtract(&mut blob.holders[i].1, t.range);
                         }
                     }
                 }
                 Outcome::Timeout | Outcome::Connection | Outcome::Other => {
-                    peer.consecutive_failures += 1;
-                    if peer.consecutive_failures >= self.config.failure_limit {
-                        peer.resting_until = Some(now + self.config.rest);
-                        peer.consecutive_failures = 0;
+                    p.consecutive_failures += 1;
+                    if p.consecutive_failures >= limit {
+                        p.resting_until = Some(now + rest);
+                        p.consecutive_failures = 0;
                     }
                 }
             }
@@ -339,9 +493,9 @@ impl Swarm {
     /// Forgets hosts whose lease ran out.
     pub fn expire(&mut self, now: Instant) -> usize {
         let expired: Vec<HostId> = self
-            .hosts
+            .ids
             .iter()
-            .filter(|(_, h)| h.expires <= now)
+            .filter(|(_, &slot)| self.state(slot).is_none_or(|h| h.expires <= now))
             .map(|(id, _)| id.clone())
             .collect();
         for id in &expired {
@@ -350,16 +504,20 @@ impl Swarm {
         expired.len()
     }
 
+    /// Removes a host and everything it held or was fetching: only its own blobs.
     fn forget(&mut self, id: &HostId) {
-        self.hosts.remove(id);
-        for blob in self.blobs.values_mut() {
-            blob.holders.remove(id);
-            for fetch in blob.origin.values_mut() {
-                fetch.hosts.retain(|h| h != id);
-            }
+        let Some(slot) = self.ids.remove(id) else {
+            return;
+        };
+        let Some(state) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+            return;
+        };
+        for ix in state.blobs {
+            let blob = &mut self.blobs[ix as usize];
+            blob.remove_holder(slot);
+            blob.flights.retain(|f| f.host != slot);
         }
-        self.blobs
-            .retain(|_, b| !b.holders.is_empty() || !b.origin.is_empty());
+        self.free_slots.push(slot);
     }
 }
 
@@ -429,13 +587,13 @@ mod tests {
             .map(|i| s.find_peers(&find(&format!("h{i}"), 0, 100), now).unwrap())
             .collect();
         let origin = decisions.iter().filter(|d| **d == Decision::Origin).count();
-        assert_eq!(origin, 2, "{decisions:?}");
+        assert_eq!(origin, 1, "{decisions:?}");
         assert!(
             decisions
                 .iter()
                 .filter(|d| matches!(d, Decision::Wait(_)))
                 .count()
-                == 8
+                == 9
         );
         // The first fetcher announces: everyone else is sent to it.
         announce(&mut s, "h0", 0, 4096, now);
@@ -443,11 +601,138 @@ mod tests {
             Decision::Peers(p) => assert_eq!(p[0].0, HostId("h0".into())),
             d => panic!("{d:?}"),
         }
-        // A range nobody fully holds is not served by a partial holder.
+        // A partial holder is offered for what it has (the agent asks again for the
+        // rest); a range nobody holds any of goes to the origin.
+        match s.find_peers(&find("h5", 4000, 5000), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("h0".into())),
+            d => panic!("{d:?}"),
+        }
         assert_eq!(
-            s.find_peers(&find("h5", 4000, 5000), now).unwrap(),
+            s.find_peers(&find("h5", 4096, 5000), now).unwrap(),
             Decision::Origin
         );
+    }
+
+    #[test]
+    fn overlapping_ranges_share_one_origin_fetch() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..4 {
+            s.register(host(&format!("h{i}"), "a"), now);
+        }
+        // Runs start and end at different chunks on different hosts.
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        for (id, start, end) in [("h1", 500, 1500), ("h2", 900, 1000), ("h3", 0, 10)] {
+            assert!(
+                matches!(
+                    s.find_peers(&find(id, start, end), now).unwrap(),
+                    Decision::Wait(_)
+                ),
+                "{id} was not told to wait"
+            );
+        }
+        // Asking again, the fetcher is still the fetcher.
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        // A range beyond every flight goes to the origin at once.
+        assert_eq!(
+            s.find_peers(&find("h1", 1000, 1500), now).unwrap(),
+            Decision::Origin
+        );
+        // The fetch fails and is reported: the next asker may go to the origin.
+        let failed = Transfer {
+            peer: None,
+            blob: blob(),
+            range: ByteRange {
+                start: 0,
+                end: 1000,
+            },
+            bytes: 0,
+            duration_us: 5,
+            outcome: Outcome::Connection,
+        };
+        s.report(&HostId("h0".into()), &[failed], now).unwrap();
+        assert_eq!(
+            s.find_peers(&find("h2", 900, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        // h2 announces: its flight ends and h3 is sent to it for the part it holds.
+        announce(&mut s, "h2", 900, 1000, now);
+        match s.find_peers(&find("h3", 0, 1000), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("h2".into())),
+            d => panic!("{d:?}"),
+        }
+        // A flight whose host went silent times out.
+        let later = now + Duration::from_secs(11);
+        for i in 0..4 {
+            s.heartbeat(&HostId(format!("h{i}")), 0, later).unwrap();
+        }
+        assert_eq!(
+            s.find_peers(&find("h3", 1000, 1500), later).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    #[test]
+    fn a_hot_range_is_spread_over_its_holders() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..14 {
+            s.register(host(&format!("h{i:02}"), "a"), now);
+        }
+        for i in 0..4 {
+            announce(&mut s, &format!("h{i:02}"), 0, 1 << 20, now);
+        }
+        let mut firsts = std::collections::HashMap::new();
+        for i in 4..14 {
+            let Decision::Peers(p) = s
+                .find_peers(&find(&format!("h{i:02}"), 0, 4096), now)
+                .unwrap()
+            else {
+                panic!()
+            };
+            *firsts.entry(p[0].0.clone()).or_insert(0) += 1;
+        }
+        assert_eq!(
+            firsts.len(),
+            4,
+            "10 askers were not spread over 4 holders: {firsts:?}"
+        );
+        assert!(firsts.values().all(|&n| n <= 3), "{firsts:?}");
+    }
+
+    #[test]
+    fn forgetting_a_host_forgets_its_holdings_and_slots_are_reused() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["a", "b", "c"] {
+            s.register(host(id, "z"), now);
+        }
+        announce(&mut s, "a", 0, 100, now);
+        s.leave(&HostId("a".into()));
+        // "d" takes a's slot: it must not inherit a's holdings.
+        s.register(host("d", "z"), now);
+        assert_eq!(
+            s.find_peers(&find("b", 0, 100), now).unwrap(),
+            Decision::Origin
+        );
+        assert!(matches!(
+            s.find_peers(&find("d", 0, 100), now).unwrap(),
+            Decision::Wait(_)
+        ));
+        // Re-registering replaces the host and its holdings: nobody holds the range.
+        announce(&mut s, "b", 0, 100, now);
+        s.register(host("b", "z"), now);
+        assert_eq!(
+            s.find_peers(&find("c", 0, 100), now).unwrap(),
+            Decision::Origin
+        );
+        assert_eq!(s.host_count(), 3);
     }
 
     #[test]

@@ -23,6 +23,10 @@ impl Drop for Scheduler {
 }
 
 fn start() -> Scheduler {
+    start_with(&[])
+}
+
+fn start_with(extra: &[&str]) -> Scheduler {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -31,6 +35,7 @@ fn start() -> Scheduler {
     let addr = format!("127.0.0.1:{port}");
     let child = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
         .args(["--listen", &addr, "--origin-fetchers", "1"])
+        .args(extra)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -156,5 +161,44 @@ fn hosts_announce_and_find_each_other() {
                 pb::Action::Peers,
                 "a left but is still offered"
             );
+        });
+}
+
+/// With `--token-file`, every call needs `authorization: Bearer <token>`; the refusal
+/// says what to configure and never echoes a token.
+#[test]
+fn a_token_file_makes_the_token_required() {
+    use tessera_proto::auth::{AddBearer, Token};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "swarm-secret\n").unwrap();
+    let s = start_with(&["--token-file", file.to_str().unwrap()]);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", s.addr))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let register = pb::RegisterRequest {
+                host: Some(host("h1", 7001)),
+            };
+            for token in [None, Token::new("guess")] {
+                let mut client = SchedulerClient::with_interceptor(
+                    channel.clone(),
+                    AddBearer::new(token.as_ref()).unwrap(),
+                );
+                let e = client.register(register.clone()).await.unwrap_err();
+                assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+                assert!(!e.message().contains("swarm-secret"));
+                assert!(e.message().contains("token"), "{}", e.message());
+            }
+            let token = Token::new("swarm-secret");
+            let mut client =
+                SchedulerClient::with_interceptor(channel, AddBearer::new(token.as_ref()).unwrap());
+            client.register(register).await.unwrap();
         });
 }
