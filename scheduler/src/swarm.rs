@@ -688,7 +688,7 @@ mod tests {
         for i in 0..4 {
             announce(&mut s, &format!("h{i:02}"), 0, 1 << 20, now);
         }
-        let mut firsts = std::collections::HashMap::new();
+        let mut firsts = HashMap::new();
         for i in 4..14 {
             let Decision::Peers(p) = s
                 .find_peers(&find(&format!("h{i:02}"), 0, 4096), now)
