@@ -60,7 +60,7 @@ fn the_second_agent_reads_from_the_first() {
 /// every agent reads every byte correctly.
 #[test]
 fn a_swarm_pulls_the_image_about_once() {
-    let mut swarm = Swarm::new(6, 8 << 20, "200mbit", &["--origin-fetchers", "1"]);
+    let mut swarm = Swarm::new(6, 8 << 20, "200mbit", &[]);
     let agents: Vec<AgentProcess> = (0..12).map(|_| swarm.agent(&[])).collect();
     for a in &agents {
         wait_registered(a);
@@ -231,4 +231,66 @@ fn killed_peers_and_a_killed_scheduler_do_not_stop_reads() {
     );
     assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
     assert!(swarm.origin_tx() - before < 256 << 10);
+}
+
+/// With a bearer token and TLS on the scheduler and every peer service, the swarm works
+/// as before; an agent without the token is refused by the scheduler and still reads
+/// everything (from the origin).
+#[test]
+fn a_token_and_tls_protect_the_swarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "p2p-secret\n").unwrap();
+    // The certificate names the peers (dialled by IP, checked against one name) and
+    // the scheduler's address, known once the cluster exists.
+    let mut swarm = Swarm::new(2, 4 << 20, "400mbit", &[]);
+    let ip = swarm.scheduler.ip().to_string();
+    let certs = support::tls::make_certs(&dir.path().join("certs"), &["tessera-peer"], &[&ip]);
+    swarm.scheduler.restart_with(&[
+        "--token-file",
+        support::s(&token),
+        "--tls-cert",
+        support::s(&certs.cert),
+        "--tls-key",
+        support::s(&certs.key),
+    ]);
+    swarm.scheduler.url = swarm.scheduler.url.replace("http://", "https://");
+    let secure = [
+        "--p2p-token-file",
+        support::s(&token),
+        "--p2p-tls-ca",
+        support::s(&certs.ca),
+        "--p2p-tls-cert",
+        support::s(&certs.cert),
+        "--p2p-tls-key",
+        support::s(&certs.key),
+        "--p2p-tls-server-name",
+        "tessera-peer",
+    ];
+    let first = swarm.agent(&secure);
+    let second = swarm.agent(&secure);
+    let outsider = swarm.agent(&secure[2..]); // TLS but no token.
+    wait_registered(&first);
+    wait_registered(&second);
+    let mnt = swarm.mount(&first);
+    swarm.read_all(&mnt);
+    let mnt = swarm.mount(&second);
+    swarm.read_all(&mnt);
+    let p = pull(&second);
+    assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
+
+    let mnt = swarm.mount(&outsider);
+    swarm.read_all(&mnt);
+    let p = pull(&outsider);
+    assert_eq!(p["origin_bytes"], swarm.total(), "{p}");
+    assert_eq!(outsider.status()["swarm"]["registered"], false);
+    assert!(
+        outsider.log().contains("bearer token"),
+        "{}",
+        outsider.log()
+    );
+    assert!(
+        !outsider.log().contains("p2p-secret")
+            && !swarm.scheduler.log_text().contains("p2p-secret")
+    );
 }

@@ -92,6 +92,17 @@ impl SchedulerProcess {
         self.kill9();
         self.spawn();
     }
+
+    /// Starts it again with other flags (e.g. a certificate made for its address).
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.args = extra.iter().map(|a| a.to_string()).collect();
+        self.restart();
+    }
+
+    /// The address it listens on.
+    pub fn ip(&self) -> std::net::Ipv4Addr {
+        self.host.ip
+    }
 }
 
 impl Drop for SchedulerProcess {
