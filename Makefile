@@ -50,6 +50,10 @@ bench-swarm:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench swarm
 
+# Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC.
+bench-scheduler:
+	$(CARGO) bench -p tessera-benches --bench scheduler
+
 fuzz:
 	bash rafs-format/fuzz/run.sh
 	bash agent/fuzz/run.sh
