@@ -1,6 +1,6 @@
 //! Entry points for the cargo-fuzz targets in `agent/fuzz/`, over the parsers of bytes
-//! that come from registries or users: `WWW-Authenticate` challenges, manifests and
-//! indexes, docker `config.json`. `tests/fuzz_regressions.rs` replays the checked-in
+//! that come from registries, users or the network: `WWW-Authenticate` challenges,
+//! manifests and indexes, docker `config.json`, and the P2P wire messages. `tests/fuzz_regressions.rs` replays the checked-in
 //! inputs through the same functions on stable Rust. None may panic.
 
 use std::path::Path;
@@ -56,6 +56,56 @@ pub fn docker_config(data: &[u8]) {
     if let Ok(config) = DockerConfig::parse(text, Path::new("fuzz.json")) {
         for registry in ["docker.io", "registry.example", "127.0.0.1:5000"] {
             let _ = config.stored_credential(registry);
+        }
+    }
+}
+
+/// One P2P wire message as a scheduler, an agent or a peer might receive it: the first
+/// byte picks the message type, the rest is its protobuf encoding; it is decoded and
+/// checked into its domain type as the receiver does.
+pub fn wire_message(data: &[u8]) {
+    use prost::Message;
+    use tessera_proto::{domain, pb};
+    let Some((&kind, bytes)) = data.split_first() else {
+        return;
+    };
+    match kind % 7 {
+        0 => {
+            if let Ok(m) = pb::FindPeersResponse::decode(bytes) {
+                let _ = domain::PeerChoice::try_from(m);
+            }
+        }
+        1 => {
+            if let Ok(m) = pb::ChunkData::decode(bytes) {
+                let _ = domain::ChunkData::try_from(m);
+            }
+        }
+        2 => {
+            if let Ok(Some(h)) = pb::RegisterRequest::decode(bytes).map(|m| m.host) {
+                let _ = domain::Host::try_from(h);
+            }
+        }
+        3 => {
+            if let Ok(m) = pb::AnnounceRequest::decode(bytes) {
+                let _ = domain::Announce::try_from(m);
+            }
+        }
+        4 => {
+            if let Ok(m) = pb::FindPeersRequest::decode(bytes) {
+                let _ = domain::FindPeers::try_from(m);
+            }
+        }
+        5 => {
+            if let Ok(m) = pb::ReportRequest::decode(bytes) {
+                for t in m.transfers {
+                    let _ = domain::Transfer::try_from(t);
+                }
+            }
+        }
+        _ => {
+            if let Ok(m) = pb::FetchChunksRequest::decode(bytes) {
+                let _ = domain::FetchChunks::try_from(m);
+            }
         }
     }
 }

@@ -53,3 +53,8 @@ fn manifests() {
 fn docker_configs() {
     replay("docker_config", tessera_agent::fuzzing::docker_config);
 }
+
+#[test]
+fn wire_messages() {
+    replay("wire_message", tessera_agent::fuzzing::wire_message);
+}
