@@ -38,6 +38,8 @@ struct Slice {
     /// Verified chunks: (index in the run, uncompressed bytes).
     got: Vec<(usize, Vec<u8>)>,
     failure: Option<PeerFailure>,
+    /// How long the peer took for what it gave.
+    elapsed: Duration,
 }
 
 /// `[start, end)` of the blob spanned by these chunks of the run.
@@ -192,7 +194,7 @@ impl Fetcher {
                     let len = data.len() as u64;
                     image.stats.peer_bytes.fetch_add(len, Ordering::Relaxed);
                     image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.record(Source::Peer, len, Duration::ZERO);
+                    self.metrics.record(Source::Peer, len, slice.elapsed);
                     got_total += 1;
                     if self.accept(&run[i], data, &mut outcomes[i]) {
                         held.push(span([&run[i].info]));
@@ -305,7 +307,12 @@ async fn fetch_slice(
         }
         None => {}
     }
-    Slice { peer, got, failure }
+    Slice {
+        peer,
+        got,
+        failure,
+        elapsed,
+    }
 }
 
 #[cfg(test)]
