@@ -1,15 +1,20 @@
-//! The node agent's library: everything `tessera` does that other code (its binary, its
-//! integration tests, later the daemon) calls. Modules follow the data path; today:
+//! The node agent's library: everything `tessera` does that its binary and its
+//! integration tests call. Modules follow the data path:
 //!
 //! - [`registry`]: image references, the OCI distribution API client, registry
 //!   credentials, and Tessera images as OCI artifacts (media types, remote blobs).
 //! - [`convert`]: `tessera convert`, from a registry image to a Tessera image.
+//! - [`daemon`]: `tessera agent` — mounts ([`fs`]), the chunk path ([`fetch`]: cache →
+//!   peers → origin), the verified chunk [`cache`], peer-to-peer ([`peer`]), the local
+//!   [`api`] and the [`config`].
+//! - [`containerd`]: containerd's hosts files pointing at the agent's mirror.
 //!
 //! Errors: one [`Error`] enum for the crate; the binary wraps it in `anyhow`.
 
 pub mod api;
 pub mod cache;
 pub mod config;
+pub mod containerd;
 pub mod convert;
 pub mod daemon;
 mod error;

@@ -1,9 +1,9 @@
 //! `tessera`: the node agent and its command-line tools.
 //!
-//! Today the binary carries the image tools (`build`, `inspect`, `check`, `unpack`,
-//! the last three also on registry images) and `convert`; the daemon (`tessera agent`)
-//! and lazy mounts arrive with later issues, each as a library module along the data
-//! path (`fs` → `fetch` → `cache`, `registry`, `peer`, `mirror`, `api`).
+//! The binary carries the image tools (`build`, `inspect`, `check`, `unpack`, the last
+//! three also on registry images), `convert`, the daemon (`tessera agent`) and its
+//! clients (`mount`, `umount`, `status`), and `containerd-config`; the work is done by
+//! the library (`tessera_agent`), one module per part of the data path.
 
 mod commands;
 
@@ -41,6 +41,8 @@ enum Command {
     Umount(commands::agent::UmountArgs),
     /// Show the agent's mounts, cache and traffic.
     Status(commands::agent::StatusArgs),
+    /// Point containerd's registry hosts at the agent's mirror (hosts.toml files).
+    ContainerdConfig(commands::containerd::ContainerdConfigArgs),
 }
 
 fn main() {
@@ -62,6 +64,7 @@ fn main() {
         Command::Mount(args) => commands::agent::mount(args),
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),
+        Command::ContainerdConfig(args) => commands::containerd::containerd_config(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

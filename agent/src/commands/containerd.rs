@@ -1,0 +1,111 @@
+//! `tessera containerd-config`: containerd's hosts files pointing at the agent's mirror.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+use tessera_agent::containerd::{self, Change, FileChange, HostsConfig};
+
+use super::image::print_summary;
+
+#[derive(Debug, Args)]
+pub struct ContainerdConfigArgs {
+    /// A registry to pull through the mirror (`docker.io`, `registry.example.com:5000`);
+    /// repeat for several.
+    #[arg(long = "registry", value_name = "HOST")]
+    registries: Vec<String>,
+    /// Every other registry too (`_default/hosts.toml`).
+    #[arg(long)]
+    all: bool,
+    /// The agent's mirror endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:7082", value_name = "URL")]
+    mirror: String,
+    /// containerd's hosts directory.
+    #[arg(long, default_value = "/etc/containerd/certs.d", value_name = "DIR")]
+    certs_dir: PathBuf,
+    /// containerd's config file (only read: to say whether `config_path` is set).
+    #[arg(
+        long,
+        default_value = "/etc/containerd/config.toml",
+        value_name = "FILE"
+    )]
+    containerd_config: PathBuf,
+    /// A registry whose upstream speaks plain HTTP.
+    #[arg(long = "insecure", value_name = "HOST")]
+    insecure: Vec<String>,
+    /// Restore the files this command replaced and remove the ones it created.
+    #[arg(long)]
+    undo: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Summary {
+    files: Vec<FileChange>,
+    /// Whether containerd's config names the hosts directory (`None`: unreadable).
+    config_path_set: Option<bool>,
+    certs_dir: PathBuf,
+    containerd_config: PathBuf,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for file in &self.files {
+            let what = match file.change {
+                Change::Written => "written",
+                Change::Unchanged => "unchanged",
+                Change::BackedUpAndWritten => {
+                    "written (the previous file kept as hosts.toml.tessera-backup)"
+                }
+                Change::Restored => "restored from its backup",
+                Change::Removed => "removed",
+                Change::Untouched => "not ours, left alone",
+            };
+            writeln!(f, "{:<24} {} {what}", file.registry, file.path.display())?;
+        }
+        match self.config_path_set {
+            Some(true) => writeln!(
+                f,
+                "containerd's config_path names {}: pulls use the mirror now (no restart needed)",
+                self.certs_dir.display()
+            ),
+            Some(false) => writeln!(
+                f,
+                "containerd's config_path does not name {dir}: add `config_path = \"{dir}\"` to the CRI registry section of {} and restart containerd once (later hosts.toml changes need no restart; `ctr --hosts-dir {dir}` works without it)",
+                self.containerd_config.display(),
+                dir = self.certs_dir.display()
+            ),
+            None => writeln!(
+                f,
+                "could not read {}: make sure containerd's config_path names {} (`ctr --hosts-dir` works without it)",
+                self.containerd_config.display(),
+                self.certs_dir.display()
+            ),
+        }
+    }
+}
+
+pub fn containerd_config(args: ContainerdConfigArgs) -> Result<()> {
+    let config = HostsConfig {
+        certs_dir: args.certs_dir.clone(),
+        mirror: args.mirror,
+        registries: args.registries,
+        all: args.all,
+        insecure: args.insecure,
+    };
+    let files = if args.undo {
+        containerd::undo(&config)?
+    } else {
+        containerd::apply(&config)?
+    };
+    let summary = Summary {
+        files,
+        config_path_set: containerd::config_path_set(&args.containerd_config, &args.certs_dir),
+        certs_dir: args.certs_dir,
+        containerd_config: args.containerd_config,
+    };
+    print_summary(&summary, args.json)
+}

@@ -1,0 +1,303 @@
+//! `tessera containerd-config`: points containerd's registry hosts at the agent's mirror
+//! by writing `certs.d/<registry>/hosts.toml` files (containerd reads them at each pull;
+//! no restart is needed), idempotently: a file that already says the same is left alone,
+//! a file of someone else's is backed up once before being replaced, and `undo` puts
+//! every backup back (or removes the files this command wrote).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::{Error, Result};
+
+/// First line of every file this command writes: how it recognises its own files.
+const MARKER: &str = "# Written by `tessera containerd-config`";
+/// Suffix of the copy of a file that was there before.
+const BACKUP: &str = "tessera-backup";
+
+/// What to configure.
+#[derive(Debug, Clone)]
+pub struct HostsConfig {
+    /// containerd's hosts directory (`/etc/containerd/certs.d`).
+    pub certs_dir: PathBuf,
+    /// The mirror's URL (`http://127.0.0.1:7082`).
+    pub mirror: String,
+    /// Registries (`docker.io`, `registry.example.com:5000`) to send through the mirror.
+    pub registries: Vec<String>,
+    /// Also every other registry (`_default/hosts.toml`).
+    pub all: bool,
+    /// Registries whose upstream is plain HTTP.
+    pub insecure: Vec<String>,
+}
+
+/// What happened to one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    Written,
+    Unchanged,
+    /// Someone else's file was kept as `hosts.toml.tessera-backup` and replaced.
+    BackedUpAndWritten,
+    Restored,
+    Removed,
+    /// Undo found nothing of ours.
+    Untouched,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileChange {
+    pub registry: String,
+    pub path: PathBuf,
+    pub change: Change,
+}
+
+/// The upstream a registry name stands for.
+fn upstream(registry: &str, insecure: &[String]) -> String {
+    let host = match registry {
+        "docker.io" => "registry-1.docker.io",
+        other => other,
+    };
+    let scheme = if insecure.iter().any(|i| i == registry) {
+        "http"
+    } else {
+        "https"
+    };
+    format!("{scheme}://{host}")
+}
+
+/// The `hosts.toml` sending `registry` through `mirror`, falling back to the upstream
+/// itself (containerd tries hosts in order, then `server`).
+pub fn hosts_toml(registry: Option<&str>, mirror: &str, insecure: &[String]) -> String {
+    let mut out =
+        format!("{MARKER}; `tessera containerd-config --undo` restores the previous file.\n");
+    if let Some(r) = registry {
+        out.push_str(&format!("server = \"{}\"\n", upstream(r, insecure)));
+    }
+    out.push_str(&format!(
+        "\n[host.\"{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+    ));
+    out
+}
+
+/// A registry name usable as a directory name under `certs.d`.
+fn check_registry(r: &str) -> Result<()> {
+    let ok = !r.is_empty()
+        && r != "."
+        && r != ".."
+        && r.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Agent(format!(
+            "{r:?} is not a registry host (like docker.io or registry.example.com:5000)"
+        )))
+    }
+}
+
+fn targets(c: &HostsConfig) -> Result<Vec<(String, Option<String>)>> {
+    let mut out = Vec::new();
+    for r in &c.registries {
+        check_registry(r)?;
+        out.push((r.clone(), Some(r.clone())));
+    }
+    if c.all {
+        out.push(("_default".to_string(), None));
+    }
+    if out.is_empty() {
+        return Err(Error::Agent(
+            "name at least one --registry, or --all".into(),
+        ));
+    }
+    Ok(out)
+}
+
+fn backup_of(path: &Path) -> PathBuf {
+    path.with_extension(format!("toml.{BACKUP}"))
+}
+
+fn is_ours(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.starts_with(MARKER))
+}
+
+/// Writes the hosts files; re-running with the same settings changes nothing.
+pub fn apply(c: &HostsConfig) -> Result<Vec<FileChange>> {
+    let mut changes = Vec::new();
+    for (dir, registry) in targets(c)? {
+        let path = c.certs_dir.join(&dir).join("hosts.toml");
+        let text = hosts_toml(registry.as_deref(), &c.mirror, &c.insecure);
+        let change = match std::fs::read_to_string(&path) {
+            Ok(existing) if existing == text => Change::Unchanged,
+            Ok(_) if is_ours(&path) => Change::Written,
+            Ok(_) => {
+                let backup = backup_of(&path);
+                // Keep the first original: a second run must not back up our own file.
+                if !backup.exists() {
+                    std::fs::copy(&path, &backup).map_err(|e| Error::io("back up", &path, e))?;
+                }
+                Change::BackedUpAndWritten
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Change::Written,
+            Err(e) => return Err(Error::io("read", &path, e)),
+        };
+        if change != Change::Unchanged {
+            let parent = c.certs_dir.join(&dir);
+            std::fs::create_dir_all(&parent).map_err(|e| Error::io("create", &parent, e))?;
+            // Whole file or nothing: containerd may read it at any moment.
+            let tmp = path.with_extension("toml.tmp");
+            std::fs::write(&tmp, &text).map_err(|e| Error::io("write", &tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| Error::io("write", &path, e))?;
+        }
+        changes.push(FileChange {
+            registry: dir,
+            path,
+            change,
+        });
+    }
+    Ok(changes)
+}
+
+/// Puts back what [`apply`] replaced, and removes what it created.
+pub fn undo(c: &HostsConfig) -> Result<Vec<FileChange>> {
+    let mut changes = Vec::new();
+    for (dir, _) in targets(c)? {
+        let path = c.certs_dir.join(&dir).join("hosts.toml");
+        let backup = backup_of(&path);
+        let change = if backup.exists() {
+            std::fs::rename(&backup, &path).map_err(|e| Error::io("restore", &backup, e))?;
+            Change::Restored
+        } else if is_ours(&path) {
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            // The directory too, if this command made it and nothing else is there.
+            let _ = std::fs::remove_dir(c.certs_dir.join(&dir));
+            Change::Removed
+        } else {
+            Change::Untouched
+        };
+        changes.push(FileChange {
+            registry: dir,
+            path,
+            change,
+        });
+    }
+    Ok(changes)
+}
+
+/// Whether containerd's config names `certs_dir` as its registry `config_path` (the
+/// CRI plugin reads hosts files only from there; `ctr --hosts-dir` needs nothing).
+/// `None` when the config file cannot be read.
+pub fn config_path_set(containerd_config: &Path, certs_dir: &Path) -> Option<bool> {
+    let text = std::fs::read_to_string(containerd_config).ok()?;
+    let value: toml::Value = toml::from_str(&text).ok()?;
+    let dir = certs_dir.to_string_lossy();
+    fn find(v: &toml::Value, dir: &str) -> bool {
+        match v {
+            toml::Value::Table(t) => t.iter().any(|(k, v)| {
+                (k == "config_path" && v.as_str().is_some_and(|p| p.split(':').any(|p| p == dir)))
+                    || find(v, dir)
+            }),
+            _ => false,
+        }
+    }
+    Some(find(&value, &dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path) -> HostsConfig {
+        HostsConfig {
+            certs_dir: dir.to_path_buf(),
+            mirror: "http://127.0.0.1:7082".into(),
+            registries: vec!["docker.io".into(), "r.example:5000".into()],
+            all: true,
+            insecure: vec!["r.example:5000".into()],
+        }
+    }
+
+    #[test]
+    fn apply_is_idempotent_and_undo_restores() {
+        let t = tempfile::tempdir().unwrap();
+        let c = config(t.path());
+        // Someone's own file for docker.io.
+        let theirs = t.path().join("docker.io/hosts.toml");
+        std::fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+        std::fs::write(&theirs, "server = \"https://mirror.corp\"\n").unwrap();
+
+        let first = apply(&c).unwrap();
+        let kinds: Vec<Change> = first.iter().map(|f| f.change).collect();
+        assert_eq!(
+            kinds,
+            [Change::BackedUpAndWritten, Change::Written, Change::Written]
+        );
+        let docker = std::fs::read_to_string(&theirs).unwrap();
+        assert!(
+            docker.contains("server = \"https://registry-1.docker.io\""),
+            "{docker}"
+        );
+        assert!(docker.contains("[host.\"http://127.0.0.1:7082\"]"));
+        let local = std::fs::read_to_string(t.path().join("r.example:5000/hosts.toml")).unwrap();
+        assert!(
+            local.contains("server = \"http://r.example:5000\""),
+            "{local}"
+        );
+        let default = std::fs::read_to_string(t.path().join("_default/hosts.toml")).unwrap();
+        assert!(!default.contains("server"), "{default}");
+        // The parsed file is what containerd expects.
+        let v: toml::Value = toml::from_str(&docker).unwrap();
+        assert_eq!(
+            v["host"]["http://127.0.0.1:7082"]["capabilities"],
+            toml::Value::Array(vec!["pull".into(), "resolve".into()])
+        );
+
+        let again = apply(&c).unwrap();
+        assert!(
+            again.iter().all(|f| f.change == Change::Unchanged),
+            "{again:?}"
+        );
+
+        let undone = undo(&c).unwrap();
+        let kinds: Vec<Change> = undone.iter().map(|f| f.change).collect();
+        assert_eq!(kinds, [Change::Restored, Change::Removed, Change::Removed]);
+        assert_eq!(
+            std::fs::read_to_string(&theirs).unwrap(),
+            "server = \"https://mirror.corp\"\n"
+        );
+        assert!(!t.path().join("r.example:5000").exists());
+        assert!(undo(&c)
+            .unwrap()
+            .iter()
+            .all(|f| f.change == Change::Untouched));
+    }
+
+    #[test]
+    fn bad_names_and_config_path() {
+        let t = tempfile::tempdir().unwrap();
+        let mut c = config(t.path());
+        c.registries = vec!["../etc".into()];
+        assert!(apply(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("not a registry host"));
+        c.registries.clear();
+        c.all = false;
+        assert!(apply(&c).is_err());
+
+        let conf = t.path().join("config.toml");
+        std::fs::write(
+            &conf,
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\nconfig_path = \"/etc/containerd/certs.d\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config_path_set(&conf, Path::new("/etc/containerd/certs.d")),
+            Some(true)
+        );
+        assert_eq!(config_path_set(&conf, Path::new("/other")), Some(false));
+        assert_eq!(
+            config_path_set(&t.path().join("none"), Path::new("/x")),
+            None
+        );
+    }
+}
