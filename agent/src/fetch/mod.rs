@@ -251,6 +251,14 @@ impl Recent {
     }
 }
 
+/// `[start, end)` of a chunk's stored bytes in its blob: what is announced to peers.
+fn blob_range(info: &ChunkInfo) -> (u64, u64) {
+    (
+        info.compressed_offset,
+        info.compressed_offset + u64::from(info.compressed_size),
+    )
+}
+
 /// What a request for a chunk does: fetch it (and its neighbours), or wait for the
 /// fetch already under way.
 enum Role {
@@ -306,12 +314,7 @@ impl Fetcher {
                 .iter()
                 .filter_map(|&c| image.bootstrap.chunk(c).ok())
                 .filter(|info| self.cache.contains(&image.key(info)))
-                .map(|info| {
-                    (
-                        info.compressed_offset,
-                        info.compressed_offset + u64::from(info.compressed_size),
-                    )
-                })
+                .map(|info| blob_range(&info))
                 .collect();
             network.held(&image.blob_digests[blob], held);
         }
@@ -458,6 +461,21 @@ impl Fetcher {
             .collect()
     }
 
+    /// Counts a failed fetch from `source` (or, with `verification`, bytes that failed
+    /// verification) in the mount's statistics and the metrics.
+    fn count_failure(&self, image: &ImageChunks, source: Source, verification: bool) {
+        let (stat, family) = if verification {
+            (
+                &image.stats.verification_failures,
+                &self.metrics.verification_failures,
+            )
+        } else {
+            (&image.stats.fetch_errors, &self.metrics.errors)
+        };
+        stat.fetch_add(1, Ordering::Relaxed);
+        family.get_or_create(&source.label()).inc();
+    }
+
     /// Caches a verified chunk of the run and makes it the chunk's outcome; `true`
     /// when it was cached (so it may be announced: peers are served from the cache).
     fn accept(&self, planned: &Planned, data: Vec<u8>, slot: &mut Option<Outcome>) -> bool {
@@ -501,11 +519,7 @@ impl Fetcher {
             {
                 Ok(b) => b,
                 Err(e) => {
-                    image.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                    self.metrics
-                        .errors
-                        .get_or_create(&Source::Origin.label())
-                        .inc();
+                    self.count_failure(image, Source::Origin, false);
                     tracing::warn!(image = %image.reference, blob, start, end, attempt, error = %e, "origin fetch failed");
                     if let Some(network) = &self.network {
                         // Frees the scheduler's origin slot for another agent.
@@ -544,21 +558,11 @@ impl Fetcher {
                         image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
                         self.metrics.record(Source::Origin, len, started.elapsed());
                         if self.accept(&run[i], data, &mut outcomes[i]) {
-                            held.push((
-                                info.compressed_offset,
-                                info.compressed_offset + u64::from(info.compressed_size),
-                            ));
+                            held.push(blob_range(info));
                         }
                     }
                     Err(reason) => {
-                        image
-                            .stats
-                            .verification_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.metrics
-                            .verification_failures
-                            .get_or_create(&Source::Origin.label())
-                            .inc();
+                        self.count_failure(image, Source::Origin, true);
                         tracing::error!(
                             image = %image.reference,
                             chunk = info.index,

@@ -22,7 +22,7 @@ use rafs_format::reader::ChunkInfo;
 use tessera_proto::domain::{ChunkData, HostId, Peer, PeerChoice};
 use tessera_proto::pb;
 
-use super::{Fetcher, ImageChunks, Outcome, Planned, Source};
+use super::{blob_range, Fetcher, ImageChunks, Outcome, Planned, Source};
 use crate::peer::network::PeerFailure;
 use crate::peer::Network;
 
@@ -44,12 +44,10 @@ struct Slice {
 
 /// `[start, end)` of the blob spanned by these chunks of the run.
 fn span<'a>(chunks: impl IntoIterator<Item = &'a ChunkInfo>) -> (u64, u64) {
-    chunks.into_iter().fold((u64::MAX, 0), |(s, e), c| {
-        (
-            s.min(c.compressed_offset),
-            e.max(c.compressed_offset + u64::from(c.compressed_size)),
-        )
-    })
+    chunks
+        .into_iter()
+        .map(blob_range)
+        .fold((u64::MAX, 0), |(s, e), (cs, ce)| (s.min(cs), e.max(ce)))
 }
 
 /// Cuts `pending` (run indices in blob order) into `parts` contiguous slices of about
@@ -169,21 +167,9 @@ impl Fetcher {
                 let Ok(slice) = joined else { continue };
                 if let Some(failure) = slice.failure {
                     abandoned.insert(slice.peer.id.clone());
-                    if failure == PeerFailure::VerificationFailed {
-                        image
-                            .stats
-                            .verification_failures
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.metrics
-                            .verification_failures
-                            .get_or_create(&Source::Peer.label())
-                            .inc();
-                    } else if failure != PeerFailure::Busy {
-                        image.stats.fetch_errors.fetch_add(1, Ordering::Relaxed);
-                        self.metrics
-                            .errors
-                            .get_or_create(&Source::Peer.label())
-                            .inc();
+                    if failure != PeerFailure::Busy {
+                        let verification = failure == PeerFailure::VerificationFailed;
+                        self.count_failure(image, Source::Peer, verification);
                     }
                 }
                 let mut held = Vec::new();
@@ -197,7 +183,7 @@ impl Fetcher {
                     self.metrics.record(Source::Peer, len, slice.elapsed);
                     got_total += 1;
                     if self.accept(&run[i], data, &mut outcomes[i]) {
-                        held.push(span([&run[i].info]));
+                        held.push(blob_range(&run[i].info));
                     }
                 }
                 network.held(blob, held);

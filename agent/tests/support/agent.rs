@@ -30,33 +30,26 @@ fn free_port() -> u16 {
 impl AgentProcess {
     /// Starts an agent whose files live under `dir`, with `extra` flags.
     pub fn start(dir: &Path, extra: &[&str]) -> AgentProcess {
-        std::fs::create_dir_all(dir).expect("agent dir");
-        let mut agent = AgentProcess {
-            child: None,
-            dir: dir.to_path_buf(),
-            socket: dir.join("agent.sock"),
-            cache_dir: dir.join("cache"),
-            metrics: format!("127.0.0.1:{}", free_port()),
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            host: None,
-        };
-        agent.spawn();
-        agent
+        AgentProcess::launch(dir, format!("127.0.0.1:{}", free_port()), None, extra)
     }
 
     /// Starts an agent in `host`'s network namespace (its files, socket and mounts are
     /// still on this machine's filesystem, so the test uses them as usual); metrics on
     /// `host.ip:9464`.
     pub fn start_in(dir: &Path, host: &NetHost, extra: &[&str]) -> AgentProcess {
+        AgentProcess::launch(dir, format!("{}:9464", host.ip), Some(host), extra)
+    }
+
+    fn launch(dir: &Path, metrics: String, host: Option<&NetHost>, extra: &[&str]) -> AgentProcess {
         std::fs::create_dir_all(dir).expect("agent dir");
         let mut agent = AgentProcess {
             child: None,
             dir: dir.to_path_buf(),
             socket: dir.join("agent.sock"),
             cache_dir: dir.join("cache"),
-            metrics: format!("{}:9464", host.ip),
+            metrics,
             extra: extra.iter().map(|s| s.to_string()).collect(),
-            host: Some(host.clone()),
+            host: host.cloned(),
         };
         agent.spawn();
         agent
