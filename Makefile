@@ -7,7 +7,7 @@ CARGO ?= cargo
 # Debian packages the tests drive: the OCI tools that make reference images, GNU tar,
 # setfattr, FUSE, the registry, and for the P2P cluster tests network namespaces and
 # tc (iproute2), nsenter (util-linux) and a throwaway CA (openssl).
-TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl
 
 .PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-scheduler fuzz
 
