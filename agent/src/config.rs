@@ -34,8 +34,39 @@ pub struct AgentConfig {
     pub prefetch: Prefetch,
     pub fetch: FetchConfig,
     pub p2p: P2pConfig,
+    pub mirror: MirrorConfig,
     #[serde(skip_serializing)]
     pub registry: RegistryConfig,
+}
+
+/// The registry mirror containerd pulls through (`tessera containerd-config` names it
+/// in containerd's `hosts.toml`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// Serve the mirror on this address (`127.0.0.1:7082`); off when unset.
+    pub listen: Option<String>,
+    /// The upstream for requests without containerd's `ns` parameter.
+    pub default_registry: String,
+    /// How long a blob waits for another agent's origin fetch of it before fetching it
+    /// from the origin too (a whole layer can take minutes on a slow link).
+    pub max_wait_secs: u64,
+    /// How long the upstream's "yes, these credentials may read this blob" is trusted.
+    pub access_ttl_secs: u64,
+    /// How long a manifest fetched by digest is kept (per credential).
+    pub manifest_ttl_secs: u64,
+}
+
+impl Default for MirrorConfig {
+    fn default() -> Self {
+        MirrorConfig {
+            listen: None,
+            default_registry: "docker.io".to_string(),
+            max_wait_secs: 300,
+            access_ttl_secs: 60,
+            manifest_ttl_secs: 300,
+        }
+    }
 }
 
 /// Peer-to-peer: the scheduler to join, the peer service other agents fetch from, and
@@ -247,6 +278,7 @@ impl Default for AgentConfig {
             prefetch: Prefetch::List,
             fetch: FetchConfig::default(),
             p2p: P2pConfig::default(),
+            mirror: MirrorConfig::default(),
             registry: RegistryConfig::default(),
         }
     }
@@ -283,6 +315,7 @@ impl AgentConfig {
         for (key, addr) in [
             ("api_listen", &self.api_listen),
             ("metrics_listen", &self.metrics_listen),
+            ("mirror.listen", &self.mirror.listen),
         ] {
             if let Some(a) = addr {
                 if a.parse::<std::net::SocketAddr>().is_err() {

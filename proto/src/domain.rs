@@ -450,6 +450,98 @@ impl TryFrom<pb::FetchChunksRequest> for FetchChunks {
     }
 }
 
+/// Smallest and largest piece a piece table may use: a piece travels as one message.
+pub const PIECE_SIZES: std::ops::RangeInclusive<u64> = (64 << 10)..=(16 << 20);
+
+/// A checked piece table (see `PeerService.PieceTable`): the piece count matches the
+/// size and the piece size, every digest has 32 bytes. Whether the digests are true is
+/// for the receiver to find out, piece by piece and finally by the blob's digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PieceTable {
+    pub blob: BlobDigest,
+    pub size: u64,
+    pub piece_size: u64,
+    pub digests: Vec<[u8; 32]>,
+}
+
+impl PieceTable {
+    /// `[start, end)` of piece `index` in the blob.
+    pub fn piece_range(&self, index: usize) -> (u64, u64) {
+        let start = index as u64 * self.piece_size;
+        (start, (start + self.piece_size).min(self.size))
+    }
+
+    /// The pieces covering `[start, end)` of the blob.
+    pub fn pieces_covering(&self, start: u64, end: u64) -> std::ops::Range<usize> {
+        if start >= end || self.piece_size == 0 {
+            return 0..0;
+        }
+        let first = (start / self.piece_size) as usize;
+        let last = ((end - 1) / self.piece_size) as usize;
+        first..(last + 1).min(self.digests.len())
+    }
+}
+
+impl From<&PieceTable> for pb::PieceTableResponse {
+    fn from(t: &PieceTable) -> Self {
+        pb::PieceTableResponse {
+            blob: t.blob.0.clone(),
+            size: t.size,
+            piece_size: t.piece_size,
+            digests: t.digests.iter().map(|d| d.to_vec()).collect(),
+        }
+    }
+}
+
+impl TryFrom<pb::PieceTableResponse> for PieceTable {
+    type Error = Invalid;
+    fn try_from(t: pb::PieceTableResponse) -> Result<Self, Invalid> {
+        let blob = BlobDigest::parse("blob", t.blob)?;
+        if !PIECE_SIZES.contains(&t.piece_size) {
+            return Err(Invalid::new(
+                "piece_size",
+                format!(
+                    "{} is outside {}..={}",
+                    t.piece_size,
+                    PIECE_SIZES.start(),
+                    PIECE_SIZES.end()
+                ),
+            ));
+        }
+        let expected = t.size.div_ceil(t.piece_size);
+        if t.digests.len() as u64 != expected {
+            return Err(Invalid::new(
+                "digests",
+                format!(
+                    "{} digests for {} bytes in pieces of {}; expected {expected}",
+                    t.digests.len(),
+                    t.size,
+                    t.piece_size
+                ),
+            ));
+        }
+        let digests = t
+            .digests
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                <[u8; 32]>::try_from(d.as_slice()).map_err(|_| {
+                    Invalid::new(
+                        format!("digests[{i}]"),
+                        format!("{} bytes, not 32", d.len()),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PieceTable {
+            blob,
+            size: t.size,
+            piece_size: t.piece_size,
+            digests,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,5 +745,35 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(e.field, "outcome");
+    }
+
+    #[test]
+    fn piece_tables_are_checked() {
+        let table = pb::PieceTableResponse {
+            blob: digest('a'),
+            size: (1 << 20) + 1,
+            piece_size: 1 << 20,
+            digests: vec![vec![1; 32], vec![2; 32]],
+        };
+        let t = PieceTable::try_from(table.clone()).unwrap();
+        assert_eq!(t.piece_range(1), (1 << 20, (1 << 20) + 1));
+        assert_eq!(t.pieces_covering(0, 1), 0..1);
+        assert_eq!(t.pieces_covering((1 << 20) - 1, (1 << 20) + 1), 0..2);
+        assert_eq!(pb::PieceTableResponse::from(&t), table);
+        let short = pb::PieceTableResponse {
+            digests: vec![vec![1; 32]],
+            ..table.clone()
+        };
+        assert_eq!(PieceTable::try_from(short).unwrap_err().field, "digests");
+        let tiny = pb::PieceTableResponse {
+            piece_size: 1,
+            ..table.clone()
+        };
+        assert_eq!(PieceTable::try_from(tiny).unwrap_err().field, "piece_size");
+        let bad = pb::PieceTableResponse {
+            digests: vec![vec![1; 32], vec![2; 31]],
+            ..table
+        };
+        assert_eq!(PieceTable::try_from(bad).unwrap_err().field, "digests[1]");
     }
 }

@@ -402,11 +402,18 @@ impl Swarm {
         let blob = &mut self.blobs[ix as usize];
         blob.flights
             .retain(|fl| now.duration_since(fl.started) <= timeout);
+        // Asking again keeps one's own flight alive: an agent streaming a whole large
+        // blob from the origin (the registry mirror) asks every few seconds.
+        if let Some(mine) = blob
+            .flights
+            .iter_mut()
+            .find(|fl| fl.host == me && overlaps(fl.range, f.range))
+        {
+            mine.started = now;
+            return Ok(Decision::Origin);
+        }
         let mut others: Vec<Slot> = Vec::new();
         for fl in blob.flights.iter().filter(|fl| overlaps(fl.range, f.range)) {
-            if fl.host == me {
-                return Ok(Decision::Origin);
-            }
             if !others.contains(&fl.host) {
                 others.push(fl.host);
             }
@@ -610,6 +617,41 @@ mod tests {
         }
         assert_eq!(
             s.find_peers(&find("h5", 4096, 5000), now).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    #[test]
+    fn asking_again_keeps_an_origin_flight_alive() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..2 {
+            s.register(host(&format!("h{i}"), "a"), now);
+        }
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 100), now).unwrap(),
+            Decision::Origin
+        );
+        // h0 streams a large blob for 40 s, asking again every 5 s: h1 keeps waiting.
+        for step in 1..=8 {
+            let t = now + Duration::from_secs(5 * step);
+            for i in 0..2 {
+                s.heartbeat(&HostId(format!("h{i}")), 0, t).unwrap();
+            }
+            assert_eq!(
+                s.find_peers(&find("h0", 0, 100), t).unwrap(),
+                Decision::Origin
+            );
+            assert!(matches!(
+                s.find_peers(&find("h1", 0, 100), t).unwrap(),
+                Decision::Wait(_)
+            ));
+        }
+        // Once h0 stops asking, its flight times out and h1 may go.
+        let t = now + Duration::from_secs(40 + 11);
+        s.heartbeat(&HostId("h1".into()), 0, t).unwrap();
+        assert_eq!(
+            s.find_peers(&find("h1", 0, 100), t).unwrap(),
             Decision::Origin
         );
     }

@@ -303,6 +303,15 @@ impl ChunkCache {
         self.evict_to(self.capacity)
     }
 
+    /// Drops a chunk (the registry mirror drops the pieces of a blob that failed its
+    /// digest); `true` if it was cached.
+    pub fn remove(&self, key: &ChunkKey) -> Result<bool> {
+        match self.entry(key)? {
+            Some(entry) => self.remove_if_current(key, entry),
+            None => Ok(false),
+        }
+    }
+
     /// Keeps `key` from being evicted until the guard is dropped.
     pub fn pin(&self, key: &ChunkKey) -> PinGuard<'_> {
         *self.stripe(key).entry(*key).or_insert(0) += 1;

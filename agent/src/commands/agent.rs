@@ -78,6 +78,13 @@ pub struct AgentArgs {
     /// Upload bandwidth to peers in bytes per second (`100M`; 0: unlimited).
     #[arg(long, env = "TESSERA_UPLOAD_RATE", value_parser = parse_size, value_name = "SIZE")]
     upload_rate: Option<u64>,
+    /// Serve the registry mirror containerd pulls through on `host:port`
+    /// (e.g. 127.0.0.1:7082; see `tessera containerd-config`).
+    #[arg(long, env = "TESSERA_MIRROR_LISTEN", value_name = "ADDR")]
+    mirror_listen: Option<String>,
+    /// The mirror's upstream for requests that do not name one (default docker.io).
+    #[arg(long, env = "TESSERA_MIRROR_DEFAULT_REGISTRY", value_name = "HOST")]
+    mirror_default_registry: Option<String>,
     /// Turn peer-to-peer off: every chunk from cache or origin (for comparisons).
     #[arg(long, env = "TESSERA_NO_P2P")]
     no_p2p: bool,
@@ -112,6 +119,12 @@ impl AgentArgs {
         }
         if let Some(v) = self.prefetch {
             c.prefetch = v;
+        }
+        if let Some(v) = &self.mirror_listen {
+            c.mirror.listen = Some(v.clone());
+        }
+        if let Some(v) = &self.mirror_default_registry {
+            c.mirror.default_registry = v.clone();
         }
         let p = &mut c.p2p;
         for (key, flag) in [
@@ -229,6 +242,13 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                 listener,
                 Arc::new(registry),
             ));
+        }
+        if let (Some(addr), Some(mirror)) = (&config.mirror.listen, agent.mirror()) {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("mirror: listen on {addr}"))?;
+            tracing::info!(listen = %addr, "registry mirror ready");
+            servers.spawn(mirror.clone().serve(listener));
         }
         tracing::info!(socket = %config.socket.display(), "agent ready");
         eprintln!("tessera agent: listening on {}", config.socket.display());

@@ -22,6 +22,7 @@ use crate::api::Request;
 use crate::cache::ChunkCache;
 use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
+use crate::mirror::{Mirror, MirrorStatus, PieceTables};
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
@@ -43,6 +44,7 @@ pub struct Agent {
     started: std::time::Instant,
     /// The peer service and the membership task, when P2P is on (stopped at shutdown).
     p2p_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    mirror: Option<Arc<Mirror>>,
 }
 
 /// What `tessera status` shows.
@@ -56,6 +58,9 @@ pub struct Status {
     /// P2P, when on.
     #[serde(default)]
     pub swarm: Option<SwarmStatus>,
+    /// The registry mirror, when on.
+    #[serde(default)]
+    pub mirror: Option<MirrorStatus>,
 }
 
 /// This agent in the swarm.
@@ -105,6 +110,21 @@ impl std::fmt::Display for Status {
                 mib(s.uploaded_bytes)
             )?;
         }
+        if let Some(m) = &self.mirror {
+            let mut sources: Vec<_> = m.bytes_by_source.iter().collect();
+            sources.sort();
+            let sources: Vec<String> = sources
+                .into_iter()
+                .map(|(s, b)| format!("{:.1} MiB from {s}", mib(*b)))
+                .collect();
+            writeln!(
+                f,
+                "mirror     {} requests; blobs: {}; {} responses cut off (bad digest)",
+                m.requests,
+                sources.join(", "),
+                m.aborted_responses
+            )?;
+        }
         for m in &self.mounts {
             writeln!(f, "mount      {m}")?;
         }
@@ -116,6 +136,7 @@ impl std::fmt::Display for Status {
 fn join_swarm(
     p2p: &P2pConfig,
     cache: Arc<ChunkCache>,
+    tables: Arc<PieceTables>,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
@@ -134,7 +155,8 @@ fn join_swarm(
             bytes_per_sec: (p2p.upload_bytes_per_sec > 0).then_some(p2p.upload_bytes_per_sec),
             corrupt: p2p.fault_corrupt_uploads,
         },
-    );
+    )
+    .with_piece_tables(tables);
     let listener = std::net::TcpListener::bind(&p2p.peer_listen)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .and_then(tokio::net::TcpListener::from_std)
@@ -220,12 +242,22 @@ impl Agent {
             config.fetch.clone(),
             Arc::new(FetchMetrics::default()),
         );
+        let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         let mut p2p_tasks = Vec::new();
         if config.p2p.active() {
-            let (network, tasks) = join_swarm(&config.p2p, cache)?;
+            let (network, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone())?;
             fetcher = fetcher.with_network(network);
             p2p_tasks = tasks;
         }
+        let mirror = config.mirror.listen.is_some().then(|| {
+            Arc::new(Mirror::new(
+                client.clone(),
+                cache,
+                tables,
+                fetcher.network().cloned(),
+                config.mirror.clone(),
+            ))
+        });
         let fetcher = Arc::new(fetcher);
         Ok(Arc::new(Agent {
             config,
@@ -237,7 +269,13 @@ impl Agent {
             owner,
             started: std::time::Instant::now(),
             p2p_tasks: Mutex::new(p2p_tasks),
+            mirror,
         }))
+    }
+
+    /// The registry mirror, when `mirror.listen` is set (the caller serves it).
+    pub fn mirror(&self) -> Option<&Arc<Mirror>> {
+        self.mirror.as_ref()
     }
 
     pub fn config(&self) -> &AgentConfig {
@@ -247,6 +285,9 @@ impl Agent {
     /// Registers every metric of the agent in `registry`.
     pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
         self.fetcher.metrics.register(registry);
+        if let Some(mirror) = &self.mirror {
+            mirror.metrics.register(registry);
+        }
         registry.register_collector(Box::new(mounts::AgentCollector {
             agent: Arc::downgrade(self),
         }));
@@ -299,6 +340,7 @@ impl Agent {
                 uploads_active: n.server().active_uploads(),
                 uploaded_bytes: n.server().uploaded_bytes(),
             }),
+            mirror: self.mirror.as_ref().map(|m| m.status()),
         }
     }
 

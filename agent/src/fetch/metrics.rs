@@ -34,6 +34,12 @@ pub struct SourceLabel {
     source: &'static str,
 }
 
+impl SourceLabel {
+    pub fn name(&self) -> &'static str {
+        self.source
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~3.3 s, doubling.
     Histogram::new(exponential_buckets(0.0001, 2.0, 16))

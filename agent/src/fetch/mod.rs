@@ -19,7 +19,7 @@
 mod metrics;
 mod peers;
 
-pub use metrics::{FetchMetrics, Source};
+pub use metrics::{FetchMetrics, Source, SourceLabel};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

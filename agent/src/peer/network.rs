@@ -139,6 +139,8 @@ pub enum PeerFailure {
     VerificationFailed,
     /// It answered with something that is not the protocol.
     Protocol,
+    /// It does not hold what was asked (no longer, or never did).
+    NotFound,
 }
 
 impl PeerFailure {
@@ -148,6 +150,7 @@ impl PeerFailure {
             PeerFailure::Timeout => pb::Outcome::Timeout,
             PeerFailure::Connection => pb::Outcome::Connection,
             PeerFailure::VerificationFailed => pb::Outcome::VerificationFailed,
+            PeerFailure::NotFound => pb::Outcome::NotFound,
         }
     }
 }
@@ -488,6 +491,26 @@ impl Network {
         match tokio::time::timeout(self.peer_timeout, client.fetch_chunks(request)).await {
             Err(_) => Err(PeerFailure::Timeout),
             Ok(Ok(stream)) => Ok(stream.into_inner()),
+            Ok(Err(status)) => Err(failure_of(&status)),
+        }
+    }
+
+    /// The piece table `peer` recorded for `blob` (the registry mirror's), checked for
+    /// shape; whether its digests are true the caller finds out piece by piece.
+    pub async fn piece_table(
+        &self,
+        peer: &Peer,
+        blob: &str,
+    ) -> std::result::Result<tessera_proto::domain::PieceTable, PeerFailure> {
+        let mut client = self.peer_client(peer.address)?;
+        let request = pb::PieceTableRequest {
+            blob: blob.to_string(),
+        };
+        match tokio::time::timeout(self.peer_timeout, client.piece_table(request)).await {
+            Err(_) => Err(PeerFailure::Timeout),
+            Ok(Ok(table)) => tessera_proto::domain::PieceTable::try_from(table.into_inner())
+                .map_err(|_| PeerFailure::Protocol),
+            Ok(Err(status)) if status.code() == tonic::Code::NotFound => Err(PeerFailure::NotFound),
             Ok(Err(status)) => Err(failure_of(&status)),
         }
     }

@@ -17,6 +17,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::cache::{ChunkCache, ChunkKey};
+use crate::mirror::PieceTables;
 
 /// Limits on what this node gives to peers.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct PeerServer {
     pacer: Arc<tokio::sync::Mutex<Instant>>,
     /// Chunk bytes sent to peers since start.
     uploaded: Arc<AtomicU64>,
+    /// The registry mirror's piece tables of blobs verified whole here.
+    tables: Option<Arc<PieceTables>>,
 }
 
 impl PeerServer {
@@ -51,7 +54,14 @@ impl PeerServer {
             limits,
             pacer: Arc::new(tokio::sync::Mutex::new(Instant::now())),
             uploaded: Arc::new(AtomicU64::new(0)),
+            tables: None,
         }
+    }
+
+    /// Also answers for the mirror's piece tables.
+    pub fn with_piece_tables(mut self, tables: Arc<PieceTables>) -> Self {
+        self.tables = Some(tables);
+        self
     }
 
     /// Chunk bytes sent to peers since start.
@@ -168,5 +178,19 @@ impl pb::peer_service_server::PeerService for PeerServer {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    async fn piece_table(
+        &self,
+        request: Request<pb::PieceTableRequest>,
+    ) -> Result<Response<pb::PieceTableResponse>, Status> {
+        let blob = tessera_proto::domain::BlobDigest::parse("blob", request.into_inner().blob)?;
+        let tables = self.tables.clone();
+        let table = tokio::task::spawn_blocking(move || tables.and_then(|t| t.get(&blob.0)))
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Status::not_found("no piece table for this blob here"))?;
+        Ok(Response::new(pb::PieceTableResponse::from(&table)))
     }
 }

@@ -359,7 +359,13 @@ impl RegistryClient {
     /// whatever its status (callers judge it).
     async fn send(&self, r: &Reference, req: Request<'_>) -> Result<Response, Error> {
         let err = self.error(r, req.what);
-        let mut auth: Option<String> = self.cached_auth(&r.registry, &req.scope);
+        let node_credentials = self.opts.credentials.contains_key(&r.registry);
+        let mut auth: Option<String> = match &req.forwarded {
+            Some(Some(client)) => Some(client.clone()),
+            // A forwarded request without credentials may use the node's own, if any.
+            Some(None) if !node_credentials => None,
+            _ => self.cached_auth(&r.registry, &req.scope),
+        };
         let mut authenticated_once = false;
         let mut attempt = 0u32;
         loop {
@@ -381,8 +387,18 @@ impl RegistryClient {
                 Ok(result) => result.map_err(Failure::Http),
                 Err(_) => Err(Failure::HeadersTimedOut),
             };
+            // A forwarded request's 401 goes back to its client (who answers the
+            // challenge itself), unless the node's own credentials may answer it.
+            let answer_401 = match &req.forwarded {
+                None => true,
+                Some(client) => client.is_none() && node_credentials,
+            };
             match sent {
-                Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authenticated_once => {
+                Ok(resp)
+                    if resp.status() == StatusCode::UNAUTHORIZED
+                        && !authenticated_once
+                        && answer_401 =>
+                {
                     let challenge = resp
                         .headers()
                         .get(WWW_AUTHENTICATE)
@@ -423,6 +439,27 @@ impl RegistryClient {
                 Err(e) => return Err(err(format!("request failed: {e}"))),
             }
         }
+    }
+
+    /// Sends a read request (`tail` after `/v2/<repository>/`) on behalf of a client
+    /// that brings its own `Authorization` (the registry mirror), with this client's
+    /// retries. The client's credentials are used as they are and a 401 comes back for
+    /// the client to answer; only a client that sent none gets the node's credentials
+    /// (when the node has some for this registry). The response is returned whatever its
+    /// status.
+    pub async fn forward(
+        &self,
+        r: &Reference,
+        method: Method,
+        tail: &str,
+        headers: HeaderMap,
+        client_auth: Option<String>,
+    ) -> Result<Response, Error> {
+        let what = format!("{method} {tail}");
+        let url = self.url(r, tail);
+        let mut req = Request::pull(r, method, url, &what).headers(headers);
+        req.forwarded = Some(client_auth);
+        self.send(r, req).await
     }
 
     /// Fetches the manifest (or index) a reference names, checking it against the
@@ -578,10 +615,36 @@ impl RegistryClient {
         digest: &str,
         range: Range<u64>,
     ) -> Result<Vec<u8>, Error> {
+        self.blob_range_as(r, digest, range, None).await
+    }
+
+    /// [`blob_range`](Self::blob_range) on behalf of a client with its own
+    /// `Authorization` (see [`forward`](Self::forward)).
+    pub async fn blob_range_forwarded(
+        &self,
+        r: &Reference,
+        digest: &str,
+        range: Range<u64>,
+        client_auth: Option<String>,
+    ) -> Result<Vec<u8>, Error> {
+        self.blob_range_as(r, digest, range, Some(client_auth))
+            .await
+    }
+
+    async fn blob_range_as(
+        &self,
+        r: &Reference,
+        digest: &str,
+        range: Range<u64>,
+        forwarded: Option<Option<String>>,
+    ) -> Result<Vec<u8>, Error> {
         let what = format!("blob {digest} bytes {}..{}", range.start, range.end);
         let mut attempt = 0;
         loop {
-            match self.blob_range_once(r, digest, range.clone(), &what).await {
+            match self
+                .blob_range_once(r, digest, range.clone(), &what, forwarded.clone())
+                .await
+            {
                 Err(Error::Transport { reason, .. })
                     if reason.starts_with(BODY_CUT) && attempt < self.opts.retries =>
                 {
@@ -600,6 +663,7 @@ impl RegistryClient {
         digest: &str,
         range: Range<u64>,
         what: &str,
+        forwarded: Option<Option<String>>,
     ) -> Result<Vec<u8>, Error> {
         let proto = |reason: String| Error::Protocol {
             registry: r.registry.clone(),
@@ -619,9 +683,9 @@ impl RegistryClient {
             HeaderValue::from_str(&value).map_err(|_| proto("bad range".into()))?,
         );
         let url = self.url(r, &format!("blobs/{digest}"));
-        let mut resp = self
-            .send(r, Request::pull(r, Method::GET, url, what).headers(headers))
-            .await?;
+        let mut req = Request::pull(r, Method::GET, url, what).headers(headers);
+        req.forwarded = forwarded;
+        let mut resp = self.send(r, req).await?;
         let err = self.error(r, what);
         let body_err = |e: reqwest::Error| err(format!("{BODY_CUT}: {}", describe(&e)));
         let mut out = Vec::with_capacity(want);
@@ -1002,6 +1066,9 @@ struct Request<'a> {
     what: &'a str,
     /// Space-separated token scopes (`repository:NAME:ACTIONS`).
     scope: String,
+    /// Sent on behalf of a client (the mirror): `Some` with the client's own
+    /// `Authorization` value, if it sent one.
+    forwarded: Option<Option<String>>,
 }
 
 impl<'a> Request<'a> {
@@ -1013,6 +1080,7 @@ impl<'a> Request<'a> {
             body: None,
             what,
             scope: Self::pull_scope(r),
+            forwarded: None,
         }
     }
 
