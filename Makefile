@@ -6,10 +6,11 @@
 CARGO ?= cargo
 # Debian packages the tests drive: the OCI tools that make reference images, GNU tar,
 # setfattr, FUSE, the registry, and for the P2P cluster tests network namespaces and
-# tc (iproute2), nsenter (util-linux) and a throwaway CA (openssl).
-TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl
+# tc (iproute2), nsenter (util-linux) and a throwaway CA (openssl); containerd and ctr
+# for the registry-mirror tests.
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd
 
-.PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-mirror bench-scheduler fuzz
 
 test: test-deps lint unit
 
@@ -50,6 +51,12 @@ bench-mount:
 bench-swarm:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench swarm
+
+# ctr pull straight from the registry vs through the agents' mirror: 1 node, then N
+# nodes (10) against a capped registry (root). TESSERA_BENCH_MIRROR_{NODES,MB,CAP}.
+bench-mirror:
+	$(CARGO) build --release -p tessera-scheduler
+	$(CARGO) bench -p tessera-agent --bench mirror
 
 # Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC.
 bench-scheduler:

@@ -55,7 +55,14 @@ const RESUMES: u32 = 3;
 type Sender = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
 
 /// A piece being fetched: its bytes, and whether this fetch put it in the cache.
-type PieceTask = tokio::task::JoinHandle<Result<(Vec<u8>, bool), String>>;
+type PieceTask = tokio::task::JoinHandle<Result<Piece, String>>;
+
+/// A verified piece, where it came from, and whether this fetch put it in the cache.
+struct Piece {
+    data: Vec<u8>,
+    source: Source,
+    newly_cached: bool,
+}
 
 /// A streamed response and the channel its body is written to.
 fn streaming(status: StatusCode, headers: HeaderMap) -> (Response, Sender) {
@@ -330,7 +337,11 @@ impl Mirror {
             let Some((index, task)) = window.pop_front() else {
                 break;
             };
-            let (data, newly_cached) = match task.await {
+            let Piece {
+                data,
+                source,
+                newly_cached,
+            } = match task.await {
                 Ok(Ok(got)) => got,
                 Ok(Err(why)) => {
                     tracing::error!(
@@ -357,6 +368,7 @@ impl Mirror {
             let from = want.0.saturating_sub(start) as usize;
             let to = (want.1.min(end) - start) as usize;
             let bytes = Bytes::from(data).slice(from..to);
+            self.count(source, bytes.len());
             if tx.send(Ok(Frame::data(bytes))).await.is_err() {
                 // The client went away; what is cached stays only if verified below.
                 for (_, task) in &window {
@@ -458,7 +470,7 @@ impl Mirror {
         t: Target,
         table: Arc<PieceTable>,
         index: usize,
-    ) -> Result<(Vec<u8>, bool), String> {
+    ) -> Result<Piece, String> {
         let key = piece_key(table.digests[index]);
         let blob = table.blob.0.as_str();
         let range = table.piece_range(index);
@@ -469,8 +481,11 @@ impl Mirror {
             .and_then(Result::ok)
             .flatten();
         if let Some(data) = cached {
-            self.count(Source::Cache, data.len());
-            return Ok((data, false));
+            return Ok(Piece {
+                data,
+                source: Source::Cache,
+                newly_cached: false,
+            });
         }
         let mut got: Option<(Vec<u8>, Source)> = None;
         if let Some(network) = &self.network {
@@ -545,7 +560,6 @@ impl Mirror {
         let Some((data, source)) = got else {
             return Err(format!("piece {index} of {blob}: no source"));
         };
-        self.count(source, data.len());
         let cache = self.cache.clone();
         let copy = data.clone();
         let newly = tokio::task::spawn_blocking(move || {
@@ -553,7 +567,11 @@ impl Mirror {
         })
         .await
         .unwrap_or(false);
-        Ok((data, newly))
+        Ok(Piece {
+            data,
+            source,
+            newly_cached: newly,
+        })
     }
 
     fn count(&self, source: Source, bytes: usize) {

@@ -6,7 +6,7 @@
 //! to check each piece they fetch.
 //!
 //! On disk: `<cache_dir>/pieces/<hex of the blob digest>`, in the format of
-//! [`encode`] (docs/format.md §14).
+//! [`encode`] (docs/format.md §16).
 
 use std::path::{Path, PathBuf};
 

@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod containerd;
 pub mod fault_proxy;
 pub mod fstree;
 pub mod http;
+pub mod mirror;
 pub mod netns;
 pub mod oci;
 pub mod registry;

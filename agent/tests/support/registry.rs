@@ -58,7 +58,12 @@ impl Registry {
     /// Starts an open registry on `host:5000` inside a cluster host's network
     /// namespace (reachable from the test process through the cluster's bridge).
     pub fn start_in(host: &NetHost) -> Registry {
-        Registry::launch(Auth::None, format!("{}:5000", host.ip), Some(host))
+        Registry::start_in_with(host, Auth::None)
+    }
+
+    /// [`start_in`](Self::start_in), authenticating as `auth` says.
+    pub fn start_in_with(host: &NetHost, auth: Auth) -> Registry {
+        Registry::launch(auth, format!("{}:5000", host.ip), Some(host))
     }
 
     fn launch(auth: Auth, addr: String, host: Option<&NetHost>) -> Registry {
