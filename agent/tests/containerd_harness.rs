@@ -320,8 +320,8 @@ struct Seen {
 }
 
 /// A transparent HTTP relay in front of a registry that records what the client sent
-/// (request line, `Authorization`) and what the registry answered: a stand-in for a
-/// mirror host, to see what containerd sends a mirror.
+/// (request line and headers) and what the registry answered: a stand-in for a mirror
+/// host, to see what containerd sends a mirror.
 struct RecordingRelay {
     addr: String,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -460,7 +460,8 @@ fn a_mirror_host_gets_ns_and_basic_credentials() {
 }
 
 /// A test that panics with containerd running and a rootfs mounted leaves nothing:
-/// the daemon is killed and reaped, the mount and everything under its dir unmounted.
+/// the daemon is killed and reaped, the rootfs and everything under its dir unmounted
+/// (with overlayfs on a tmpfs where it works, so that there is a tmpfs to unmount).
 #[test]
 fn a_panicking_test_leaves_nothing_behind() {
     let t = tempfile::tempdir().unwrap();
@@ -471,7 +472,13 @@ fn a_panicking_test_leaves_nothing_behind() {
     let panicked = {
         let (dir, rootfs) = (dir.clone(), rootfs.clone());
         std::thread::spawn(move || {
-            let containerd = Containerd::start(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let snapshotter = if Snapshotter::OverlayfsOnTmpfs.works(&dir) {
+                Snapshotter::OverlayfsOnTmpfs
+            } else {
+                Snapshotter::detect(&dir)
+            };
+            let containerd = Containerd::start_with(&dir, None, snapshotter);
             containerd.pull_ok(&reference, &PullOptions::plain_http());
             containerd.rootfs(&reference, &rootfs);
             assert!(is_mounted(&rootfs));

@@ -204,6 +204,8 @@ impl Containerd {
             );
         }
         std::fs::create_dir_all(dir).expect("create containerd dir");
+        // Absolute and without symlinks, as the mount table names what drop unmounts.
+        let dir = &dir.canonicalize().expect("canonical containerd dir");
         let socket = dir.join("containerd.sock");
         assert!(
             socket.as_os_str().len() <= MAX_SOCKET_PATH,
