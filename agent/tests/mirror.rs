@@ -172,6 +172,70 @@ fn a_corrupting_peer_does_not_spoil_the_pull() {
 }
 
 #[test]
+fn a_blob_failing_its_digest_is_cut_off_and_nothing_of_it_is_kept() {
+    let mut bed = bed(false, Auth::None);
+    let node = bed.node(&[]);
+    // The registry's copy of the second layer goes bad (it does not check on read).
+    let layer = bed.layer_digests()[1].clone();
+    let hex = &layer[7..];
+    let stored = bed
+        .registry
+        .storage_dir()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data");
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[(5 << 20) + 7] ^= 0x55;
+    std::fs::write(&stored, &bytes).unwrap();
+
+    let out = bed.pull(&node, None);
+    assert!(
+        !out.status.success(),
+        "a pull of a corrupted blob succeeded"
+    );
+    let metrics = node.agent.metrics();
+    assert!(
+        metric(&metrics, "tessera_agent_mirror_aborted_responses_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(
+            &metrics,
+            "tessera_agent_mirror_verification_failures_total{source=\"origin\"}"
+        ) >= 1.0
+    );
+    // No piece table, and none of its pieces (good or bad) in the cache.
+    assert!(!node.agent.cache_dir.join("pieces").join(hex).exists());
+    let pieces: Vec<String> = bytes
+        .chunks(4 << 20)
+        .map(|p| {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(p))
+        })
+        .collect();
+    let mut cached = Vec::new();
+    let mut dirs = vec![node.agent.cache_dir.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                dirs.push(entry.path());
+            } else {
+                cached.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    for piece in &pieces {
+        assert!(
+            !cached.contains(piece),
+            "a piece of the bad blob stayed cached"
+        );
+    }
+    assert!(node.agent.log().contains("does not match its digest"));
+}
+
+#[test]
 fn pulls_go_on_without_p2p_and_without_the_scheduler() {
     let mut bed = bed(true, Auth::None);
     let solo = bed.node(&["--no-p2p"]);

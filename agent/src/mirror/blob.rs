@@ -49,6 +49,10 @@ const PEERS_PER_PIECE: usize = 3;
 /// How often an agent streaming a blob from the origin tells the scheduler it still is.
 const FLIGHT_KEEPALIVE: Duration = Duration::from_secs(3);
 
+/// Rounds of asking peers that were all busy before a piece comes from the origin
+/// (pauses of 0.1, 0.2, 0.4, 0.8 s).
+const BUSY_ROUNDS: u32 = 5;
+
 /// Times an origin stream is resumed after its body was cut off.
 const RESUMES: u32 = 3;
 
@@ -489,45 +493,10 @@ impl Mirror {
         }
         let mut got: Option<(Vec<u8>, Source)> = None;
         if let Some(network) = &self.network {
-            if let Some(PeerChoice::Peers(peers)) = network.find_peers(blob, range).await {
-                for peer in peers.iter().take(PEERS_PER_PIECE) {
-                    let started = Instant::now();
-                    match piece_from_peer(network, peer, key.digest).await {
-                        Ok(data) => {
-                            let n = data.len() as u64;
-                            network.report(
-                                Some(peer),
-                                blob,
-                                range,
-                                n,
-                                started.elapsed(),
-                                pb::Outcome::Ok,
-                            );
-                            got = Some((data, Source::Peer));
-                            break;
-                        }
-                        Err(failure) => {
-                            if failure == PeerFailure::VerificationFailed {
-                                tracing::error!(peer = %peer.id.0, blob, piece = index, "a piece from a peer failed verification; discarded, peer reported");
-                                self.metrics
-                                    .verification_failures
-                                    .get_or_create(&Source::Peer.label())
-                                    .inc();
-                            }
-                            if failure != PeerFailure::Busy {
-                                network.report(
-                                    Some(peer),
-                                    blob,
-                                    range,
-                                    0,
-                                    started.elapsed(),
-                                    failure.outcome(),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
+            got = self
+                .piece_from_swarm(network, blob, range, key.digest, index)
+                .await
+                .map(|data| (data, Source::Peer));
         }
         if got.is_none() {
             let mut last = String::new();
@@ -572,6 +541,67 @@ impl Mirror {
             source,
             newly_cached: newly,
         })
+    }
+
+    /// A piece from the peers the scheduler names, or `None` (then the origin). Peers
+    /// that are merely busy are asked again after a pause, a few times: right after a
+    /// blob completes one holder serves a whole swarm, and waiting for it is cheaper
+    /// than the origin.
+    async fn piece_from_swarm(
+        &self,
+        network: &Network,
+        blob: &str,
+        range: (u64, u64),
+        digest: [u8; 32],
+        index: usize,
+    ) -> Option<Vec<u8>> {
+        for round in 0..BUSY_ROUNDS {
+            let Some(PeerChoice::Peers(peers)) = network.find_peers(blob, range).await else {
+                return None;
+            };
+            let mut only_busy = true;
+            for peer in peers.iter().take(PEERS_PER_PIECE) {
+                let started = Instant::now();
+                match piece_from_peer(network, peer, digest).await {
+                    Ok(data) => {
+                        let n = data.len() as u64;
+                        network.report(
+                            Some(peer),
+                            blob,
+                            range,
+                            n,
+                            started.elapsed(),
+                            pb::Outcome::Ok,
+                        );
+                        return Some(data);
+                    }
+                    Err(PeerFailure::Busy) => {}
+                    Err(failure) => {
+                        only_busy = false;
+                        if failure == PeerFailure::VerificationFailed {
+                            tracing::error!(peer = %peer.id.0, blob, piece = index, "a piece from a peer failed verification; discarded, peer reported");
+                            self.metrics
+                                .verification_failures
+                                .get_or_create(&Source::Peer.label())
+                                .inc();
+                        }
+                        network.report(
+                            Some(peer),
+                            blob,
+                            range,
+                            0,
+                            started.elapsed(),
+                            failure.outcome(),
+                        );
+                    }
+                }
+            }
+            if !only_busy {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100 << round)).await;
+        }
+        None
     }
 
     fn count(&self, source: Source, bytes: usize) {
