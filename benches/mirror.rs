@@ -21,7 +21,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::containerd::PullOptions;
-use support::mirror::{BedOptions, MirrorBed, MirrorNode};
+use support::mirror::{metric, BedOptions, MirrorBed, MirrorNode};
 use support::registry::Auth;
 use support::swarm::wait_registered;
 
@@ -78,6 +78,36 @@ fn run(n: usize, through_mirror: bool, layers: &[usize], cap: Option<&str>) -> R
     });
     let egress = bed.origin_tx() - before;
     bed.assert_rootfs(&nodes[0]);
+    if through_mirror {
+        // Where the agents' blob bytes came from, summed over the nodes.
+        let mut by_source = [0f64; 3];
+        for node in &nodes {
+            let text = node.agent.metrics();
+            for (i, source) in ["cache", "peer", "origin"].iter().enumerate() {
+                by_source[i] += metric(
+                    &text,
+                    &format!("tessera_agent_mirror_blob_bytes_total{{source=\"{source}\"}}"),
+                );
+            }
+            if std::env::var_os("TESSERA_BENCH_MIRROR_LOGS").is_some() {
+                for line in node
+                    .agent
+                    .log()
+                    .lines()
+                    .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                {
+                    eprintln!("{line}");
+                }
+            }
+        }
+        let mib = |b: f64| b / f64::from(1 << 20);
+        println!(
+            "  ({n} node(s) through the mirror: {:.1} MiB from peers, {:.1} MiB from the origin, {:.1} MiB from caches)",
+            mib(by_source[1]),
+            mib(by_source[2]),
+            mib(by_source[0])
+        );
+    }
     Run {
         last_done: done.into_iter().max().unwrap_or_default(),
         egress,

@@ -585,6 +585,7 @@ impl Mirror {
                                 .get_or_create(&Source::Peer.label())
                                 .inc();
                         }
+                        tracing::warn!(peer = %peer.id.0, blob, piece = index, ?failure, "abandoned a peer for this piece");
                         network.report(
                             Some(peer),
                             blob,
@@ -853,7 +854,9 @@ async fn piece_from_peer(
     let mut stream = network
         .fetch_chunks(peer, rafs_format::chunk::DigestAlgo::Sha256, vec![digest])
         .await?;
-    let message = match tokio::time::timeout(network.peer_timeout(), stream.message()).await {
+    // `peer_timeout` is set for chunks of about 1 MiB; a piece is four times that.
+    let stall = network.peer_timeout() * (PIECE_SIZE >> 20).max(1) as u32;
+    let message = match tokio::time::timeout(stall, stream.message()).await {
         Err(_) => return Err(PeerFailure::Timeout),
         Ok(Err(status)) => return Err(crate::peer::network::failure_of(&status)),
         Ok(Ok(None)) => return Err(PeerFailure::NotFound),
