@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use tessera_benches::{fmt_bytes, machine_summary, peak_rss_bytes, ratio, scale, Rng, Table};
 use tessera_proto::domain::{Announce, BlobDigest, BlobRanges, ByteRange, FindPeers, Host, HostId};
 use tessera_proto::pb;
+use tessera_scheduler::preheat::Preheats;
 use tessera_scheduler::service::SchedulerService;
 use tessera_scheduler::swarm::{Decision, Swarm, SwarmConfig};
 
@@ -138,7 +139,8 @@ fn over_grpc(swarm: Swarm, hosts: usize, lookups: usize, clients: usize) -> Figu
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let service = SchedulerService::new(Arc::new(Mutex::new(swarm)));
+        let preheats = Arc::new(Mutex::new(Preheats::open(None).unwrap()));
+        let service = SchedulerService::new(Arc::new(Mutex::new(swarm)), preheats);
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(pb::scheduler_server::SchedulerServer::new(service))

@@ -37,6 +37,13 @@ impl Token {
     }
 }
 
+impl Token {
+    /// Whether `presented` is this token (compared in constant time).
+    pub fn matches(&self, presented: &str) -> bool {
+        constant_time_eq(presented.as_bytes(), self.0.as_bytes())
+    }
+}
+
 /// Compares without stopping at the first difference, so the time taken does not tell
 /// an attacker how much of a guess was right.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -7,15 +7,41 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use tessera_proto::auth::{RequireBearer, Token};
+use tessera_proto::domain::HostId;
 use tessera_proto::pb::scheduler_server::SchedulerServer;
+use tessera_scheduler::admin::{Admin, AdminTokens};
+use tessera_scheduler::preheat::Preheats;
 use tessera_scheduler::service::SchedulerService;
+use tessera_scheduler::store::Store;
 use tessera_scheduler::swarm::{Swarm, SwarmConfig};
 use tonic::transport::{Identity, ServerTlsConfig};
 
+mod admin_cli;
+
 /// Command-line interface of the scheduler.
 #[derive(Debug, Parser)]
-#[command(name = "tessera-scheduler", version, about)]
+#[command(
+    name = "tessera-scheduler",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Call a running scheduler's admin API (hosts, blobs, stats, blocking hosts).
+    Admin(admin_cli::AdminArgs),
+}
+
+/// Running the scheduler (the default).
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
     /// Address of the gRPC service agents talk to.
     #[arg(long, env = "TESSERA_SCHEDULER_LISTEN", default_value = "0.0.0.0:7080")]
     listen: std::net::SocketAddr,
@@ -46,6 +72,33 @@ struct Cli {
         requires = "tls_cert"
     )]
     tls_key: Option<std::path::PathBuf>,
+    /// Serve the admin API (HTTP/JSON, health, readiness, metrics) on this address.
+    #[arg(
+        long,
+        env = "TESSERA_SCHEDULER_ADMIN_LISTEN",
+        value_name = "ADDR",
+        requires = "admin_token_file"
+    )]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// The admin API's token (every endpoint but health and readiness); re-read at
+    /// every request, so it can be rotated.
+    #[arg(long, env = "TESSERA_SCHEDULER_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    admin_token_file: Option<std::path::PathBuf>,
+    /// A second token that may only read (`GET`s): for dashboards and scrapers.
+    #[arg(
+        long,
+        env = "TESSERA_SCHEDULER_ADMIN_READ_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    admin_read_token_file: Option<std::path::PathBuf>,
+    /// Where what outlives a restart (the blocklist) is kept.
+    #[arg(
+        long,
+        env = "TESSERA_SCHEDULER_STATE_DIR",
+        value_name = "DIR",
+        default_value = "/var/lib/tessera-scheduler"
+    )]
+    state_dir: std::path::PathBuf,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +110,13 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Admin(args)) => admin_cli::run(args),
+        None => serve(cli.serve),
+    }
+}
+
+fn serve(cli: ServeArgs) -> anyhow::Result<()> {
     let token = match &cli.token_file {
         Some(path) => Some(
             Token::from_file(path)
@@ -81,17 +141,44 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
+    // Without the admin API nobody can start a preheat job, so nothing is kept.
+    let preheats = Arc::new(Mutex::new(Preheats::open(None)?));
+    let admin = match (&cli.admin_listen, &cli.admin_token_file) {
+        (Some(_), Some(token)) => {
+            let store = Store::open(&cli.state_dir).context(
+                "open the scheduler's state (--state-dir must be writable; it keeps the blocklist)",
+            )?;
+            let tokens = AdminTokens {
+                admin: token.clone(),
+                read: cli.admin_read_token_file.clone(),
+            };
+            let jobs = Preheats::open(Some(store.clone()))?;
+            *preheats.lock().unwrap_or_else(|p| p.into_inner()) = jobs;
+            Some(Admin::new(swarm.clone(), preheats.clone(), store, tokens)?)
+        }
+        _ => None,
+    };
     runtime.block_on(async move {
-        // Forget hosts whose lease ran out, once a second.
-        let expiring = swarm.clone();
+        if let (Some(addr), Some(admin)) = (cli.admin_listen, &admin) {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("admin API: listen on {addr}"))?;
+            tracing::info!(listen = %addr, "admin API ready");
+            tokio::spawn(admin.clone().serve(listener));
+        }
+        // Forget hosts whose lease ran out, and fail their preheat parts, once a second.
+        let (expiring, jobs) = (swarm.clone(), preheats.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                let gone = expiring
-                    .lock()
+                let now = Instant::now();
+                let mut swarm = expiring.lock().unwrap_or_else(|p| p.into_inner());
+                let gone = swarm.expire(now);
+                jobs.lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .expire(Instant::now());
+                    .tick(|host| swarm.is_registered(&HostId(host.to_string()), now));
+                drop(swarm);
                 if gone > 0 {
                     tracing::info!(hosts = gone, "leases expired");
                 }
@@ -108,14 +195,25 @@ fn main() -> anyhow::Result<()> {
             server = server.tls_config(tls).context("configure TLS")?;
         }
         let service = SchedulerServer::with_interceptor(
-            SchedulerService::new(swarm),
+            SchedulerService::new(swarm, preheats),
             RequireBearer::new(token, "scheduler"),
         );
+        let listener = tokio::net::TcpListener::bind(cli.listen)
+            .await
+            .with_context(|| format!("listen on {}", cli.listen))?;
+        if let Some(admin) = &admin {
+            admin
+                .ready
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         server
             .add_service(service)
-            .serve_with_shutdown(cli.listen, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = tokio::signal::ctrl_c().await;
+                },
+            )
             .await
             .with_context(|| format!("serve on {}", cli.listen))
     })

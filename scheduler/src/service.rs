@@ -8,17 +8,20 @@ use tessera_proto::domain::{self, Announce, FindPeers, Host, HostId};
 use tessera_proto::pb;
 use tonic::{Request, Response, Status};
 
+use crate::preheat::Preheats;
 use crate::swarm::{Decision, Swarm, UnknownHost};
 
 /// The service, sharing one [`Swarm`] between connections.
 #[derive(Debug, Clone)]
 pub struct SchedulerService {
     swarm: Arc<Mutex<Swarm>>,
+    preheats: Arc<Mutex<Preheats>>,
 }
 
 impl SchedulerService {
-    pub fn new(swarm: Arc<Mutex<Swarm>>) -> Self {
-        SchedulerService { swarm }
+    /// The service over `swarm`, handing out `preheats` in heartbeat answers.
+    pub fn new(swarm: Arc<Mutex<Swarm>>, preheats: Arc<Mutex<Preheats>>) -> Self {
+        SchedulerService { swarm, preheats }
     }
 
     fn swarm(&self) -> std::sync::MutexGuard<'_, Swarm> {
@@ -67,10 +70,16 @@ impl pb::scheduler_server::Scheduler for SchedulerService {
             Ok(lease) => pb::HeartbeatResponse {
                 lease_ms: millis(lease),
                 reregister: false,
+                preheats: self
+                    .preheats
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .heartbeat(&id.0, &r.preheats),
             },
             Err(_) => pb::HeartbeatResponse {
                 lease_ms: 0,
                 reregister: true,
+                preheats: Vec::new(),
             },
         };
         Ok(Response::new(answer))

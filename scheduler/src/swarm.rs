@@ -11,8 +11,10 @@
 //!
 //! All methods take `now`, so leases, waits and penalties are tested without sleeping.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+
+use serde::Serialize;
 use std::time::{Duration, Instant};
 
 use tessera_proto::domain::{
@@ -78,6 +80,10 @@ struct HostState {
     successes: u64,
     consecutive_failures: u32,
     verification_failures: u32,
+    /// Transfers from this host that failed (any way), for its success rate.
+    failures: u64,
+    /// When the host (re-)registered.
+    registered: Instant,
     /// Not offered as a peer before this instant.
     resting_until: Option<Instant>,
     /// Blobs this host holds ranges of or fetches from the origin: what to clean up
@@ -140,6 +146,81 @@ pub struct Swarm {
     blobs: Vec<BlobState>,
     /// Moves where each lookup starts sampling holders.
     cursor: u64,
+    /// Hosts an administrator blocked: never offered as peers (the admin store keeps
+    /// the list across restarts and sets it here).
+    blocked: HashSet<HostId>,
+    counters: Counters,
+}
+
+/// What happened since the scheduler started, for the admin API and metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Bytes agents reported fetching from peers, and from the origin.
+    pub peer_bytes: u64,
+    pub origin_bytes: u64,
+    /// Transfers reported as failing verification.
+    pub verification_failures: u64,
+    /// Other failed transfers (timeouts, connections, not found…).
+    pub failed_transfers: u64,
+    /// Lookups answered with peers, with the origin, with a wait.
+    pub lookups_peers: u64,
+    pub lookups_origin: u64,
+    pub lookups_wait: u64,
+}
+
+/// A host as the admin API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostView {
+    pub id: String,
+    pub address: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Milliseconds since the host (re-)registered, and since its last heartbeat.
+    pub registered_ms_ago: u64,
+    pub last_seen_ms_ago: u64,
+    pub blobs_held: usize,
+    /// Bytes of blobs the host announced holding.
+    pub bytes_held: u64,
+    pub active_uploads: u32,
+    pub max_uploads: u32,
+    /// Recent upload speed to peers (bytes/s), from reports.
+    pub upload_speed_bps: u64,
+    pub successes: u64,
+    pub failures: u64,
+    /// successes / (successes + failures); `null` before any transfer.
+    pub success_rate: Option<f64>,
+    pub verification_failures: u32,
+    /// Not offered as a peer now: resting after failures, excluded after verification
+    /// failures, or blocked.
+    pub resting: bool,
+    pub excluded: bool,
+    pub blocked: bool,
+}
+
+/// A blob as the admin API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlobView {
+    pub blob: String,
+    pub holders: usize,
+    /// The most bytes of it one holder announced, and the sum over holders.
+    pub max_bytes_held: u64,
+    pub total_bytes_held: u64,
+    /// Origin fetches of it under way.
+    pub origin_fetches: usize,
+}
+
+/// The swarm in numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwarmStats {
+    pub hosts: usize,
+    pub blobs: usize,
+    pub blocked_hosts: usize,
+    pub active_origin_fetches: usize,
+    pub active_uploads: u64,
+    #[serde(flatten)]
+    pub counters: Counters,
+    /// peer bytes / (peer + origin bytes): the share of data the swarm kept off the
+    /// registry; `null` before any transfer.
+    pub origin_offload_ratio: Option<f64>,
 }
 
 fn merge(ranges: &mut Vec<ByteRange>) {
@@ -221,6 +302,8 @@ impl Swarm {
             successes: 0,
             consecutive_failures: 0,
             verification_failures: 0,
+            failures: 0,
+            registered: now,
             resting_until: None,
             blobs: Vec::new(),
         };
@@ -343,6 +426,17 @@ impl Swarm {
     /// all of it first, then by score), or — when nobody holds any of it — the origin
     /// for a few hosts and a short wait for the rest.
     pub fn find_peers(&mut self, f: &FindPeers, now: Instant) -> Result<Decision, UnknownHost> {
+        let decision = self.decide(f, now)?;
+        let c = &mut self.counters;
+        match decision {
+            Decision::Peers(_) => c.lookups_peers += 1,
+            Decision::Origin => c.lookups_origin += 1,
+            Decision::Wait(_) => c.lookups_wait += 1,
+        }
+        Ok(decision)
+    }
+
+    fn decide(&mut self, f: &FindPeers, now: Instant) -> Result<Decision, UnknownHost> {
         let me = self.live_slot(&f.host, now)?;
         let zone = self.state_mut(me).host.labels.get("zone").cloned();
         let ix = self.blob_ix(&f.blob, me);
@@ -373,7 +467,8 @@ impl Swarm {
             };
             let usable = h.expires > now
                 && h.verification_failures < config.verification_failure_limit
-                && h.resting_until.is_none_or(|t| t <= now);
+                && h.resting_until.is_none_or(|t| t <= now)
+                && !self.blocked.contains(&h.host.id);
             if usable {
                 candidates.push((held == want, score(h, zone.as_deref()), *slot));
                 if candidates.len() >= config.sample {
@@ -440,6 +535,13 @@ impl Swarm {
     ) -> Result<(), UnknownHost> {
         let me = self.live_slot(reporter, now)?;
         for t in transfers {
+            let c = &mut self.counters;
+            match (t.outcome, &t.peer) {
+                (Outcome::Ok, Some(_)) => c.peer_bytes += t.bytes,
+                (Outcome::Ok, None) => c.origin_bytes += t.bytes,
+                (Outcome::VerificationFailed, _) => c.verification_failures += 1,
+                _ => c.failed_transfers += 1,
+            }
             let Some(peer) = &t.peer else {
                 if t.outcome != Outcome::Ok {
                     if let Some(&ix) = self.blob_ids.get(&t.blob) {
@@ -470,6 +572,7 @@ impl Swarm {
                 }
                 Outcome::VerificationFailed => {
                     p.verification_failures += 1;
+                    p.failures += 1;
                     tracing::warn!(peer = %peer.0, reporter = %reporter.0, "peer served bytes that failed verification");
                 }
                 Outcome::NotFound => {
@@ -482,6 +585,7 @@ impl Swarm {
                     }
                 }
                 Outcome::Timeout | Outcome::Connection | Outcome::Other => {
+                    p.failures += 1;
                     p.consecutive_failures += 1;
                     if p.consecutive_failures >= limit {
                         p.resting_until = Some(now + rest);
@@ -491,6 +595,127 @@ impl Swarm {
             }
         }
         Ok(())
+    }
+
+    /// Blocks (or unblocks) a host: a blocked host is never offered as a peer. Hosts
+    /// need not be registered (the blocklist outlives them).
+    pub fn set_blocked(&mut self, id: &HostId, blocked: bool) {
+        if blocked {
+            self.blocked.insert(id.clone());
+        } else {
+            self.blocked.remove(id);
+        }
+    }
+
+    pub fn is_registered(&self, id: &HostId, now: Instant) -> bool {
+        self.live_slot(id, now).is_ok()
+    }
+
+    /// Every live host, sorted by id.
+    pub fn hosts(&self, now: Instant) -> Vec<HostView> {
+        let mut out: Vec<HostView> = self
+            .ids
+            .values()
+            .filter_map(|&slot| self.state(slot).map(|h| (slot, h)))
+            .filter(|(_, h)| h.expires > now)
+            .map(|(slot, h)| self.host_view(slot, h, now))
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    pub fn host(&self, id: &HostId, now: Instant) -> Option<HostView> {
+        let slot = self.live_slot(id, now).ok()?;
+        self.state(slot).map(|h| self.host_view(slot, h, now))
+    }
+
+    fn host_view(&self, slot: Slot, h: &HostState, now: Instant) -> HostView {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let bytes_held = h
+            .blobs
+            .iter()
+            .filter_map(|&ix| {
+                let blob = &self.blobs[ix as usize];
+                blob.position.get(&slot).map(|&i| {
+                    blob.holders[i]
+                        .1
+                        .iter()
+                        .map(|r| r.end - r.start)
+                        .sum::<u64>()
+                })
+            })
+            .sum();
+        let remaining = h.expires.saturating_duration_since(now);
+        let transfers = h.successes + h.failures;
+        HostView {
+            id: h.host.id.0.clone(),
+            address: h.host.address.to_string(),
+            labels: h.host.labels.clone(),
+            registered_ms_ago: ms(now.saturating_duration_since(h.registered)),
+            last_seen_ms_ago: ms(self.config.lease.saturating_sub(remaining)),
+            blobs_held: h.blobs.len(),
+            bytes_held,
+            active_uploads: h.active_uploads,
+            max_uploads: h.host.max_uploads,
+            upload_speed_bps: h.speed as u64,
+            successes: h.successes,
+            failures: h.failures,
+            success_rate: (transfers > 0).then(|| h.successes as f64 / transfers as f64),
+            verification_failures: h.verification_failures,
+            resting: h.resting_until.is_some_and(|t| t > now),
+            excluded: h.verification_failures >= self.config.verification_failure_limit,
+            blocked: self.blocked.contains(&h.host.id),
+        }
+    }
+
+    /// Every blob somebody holds or fetches, most held first.
+    pub fn blobs(&self) -> Vec<BlobView> {
+        let mut out: Vec<BlobView> = self
+            .blob_ids
+            .iter()
+            .map(|(digest, &ix)| {
+                let blob = &self.blobs[ix as usize];
+                let held: Vec<u64> = blob
+                    .holders
+                    .iter()
+                    .map(|(_, ranges)| ranges.iter().map(|r| r.end - r.start).sum())
+                    .collect();
+                BlobView {
+                    blob: digest.0.clone(),
+                    holders: held.iter().filter(|&&b| b > 0).count(),
+                    max_bytes_held: held.iter().copied().max().unwrap_or(0),
+                    total_bytes_held: held.iter().sum(),
+                    origin_fetches: blob.flights.len(),
+                }
+            })
+            .filter(|b| b.holders > 0 || b.origin_fetches > 0)
+            .collect();
+        out.sort_by(|a, b| b.holders.cmp(&a.holders).then_with(|| a.blob.cmp(&b.blob)));
+        out
+    }
+
+    pub fn stats(&self, now: Instant) -> SwarmStats {
+        let live: Vec<&HostState> = self
+            .ids
+            .values()
+            .filter_map(|&slot| self.state(slot))
+            .filter(|h| h.expires > now)
+            .collect();
+        let c = self.counters;
+        let moved = c.peer_bytes + c.origin_bytes;
+        SwarmStats {
+            hosts: live.len(),
+            blobs: self
+                .blobs
+                .iter()
+                .filter(|b| !b.holders.is_empty() || !b.flights.is_empty())
+                .count(),
+            blocked_hosts: self.blocked.len(),
+            active_origin_fetches: self.blobs.iter().map(|b| b.flights.len()).sum(),
+            active_uploads: live.iter().map(|h| u64::from(h.active_uploads)).sum(),
+            counters: c,
+            origin_offload_ratio: (moved > 0).then(|| c.peer_bytes as f64 / moved as f64),
+        }
     }
 
     /// Leaves: the host and what it held are forgotten.
@@ -788,7 +1013,7 @@ mod tests {
         for p in ["p1", "p2", "p3"] {
             announce(&mut s, p, 0, 100, now);
         }
-        let mut firsts = std::collections::HashSet::new();
+        let mut firsts = HashSet::new();
         for _ in 0..6 {
             let Decision::Peers(p) = s.find_peers(&find("me", 0, 100), now).unwrap() else {
                 panic!()

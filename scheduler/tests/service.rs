@@ -145,6 +145,7 @@ fn hosts_announce_and_find_each_other() {
                     host_id: "stranger".into(),
                     active_uploads: 0,
                     upload_bps: 0,
+                    preheats: Vec::new(),
                 })
                 .await
                 .unwrap()

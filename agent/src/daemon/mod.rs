@@ -5,8 +5,11 @@
 //! digest, then its own checksum and structure), serves the tree at once through FUSE
 //! and fetches file data chunk by chunk as it is read ([`crate::fetch`]); prefetch runs
 //! in the background at a bounded concurrency so reads are never queued behind it.
+//! Preheat jobs from the scheduler fetch whole images into the cache the same way,
+//! before anyone mounts them.
 
 mod mounts;
+mod preheat;
 mod stale;
 
 pub use mounts::{MountStatus, Recorder};
@@ -259,7 +262,7 @@ impl Agent {
             ))
         });
         let fetcher = Arc::new(fetcher);
-        Ok(Arc::new(Agent {
+        let agent = Arc::new(Agent {
             config,
             client,
             fetcher,
@@ -270,7 +273,19 @@ impl Agent {
             started: std::time::Instant::now(),
             p2p_tasks: Mutex::new(p2p_tasks),
             mirror,
-        }))
+        });
+        if let Some(network) = agent.fetcher.network() {
+            if let Some(tasks) = network.take_preheat_tasks() {
+                let running =
+                    tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), tasks));
+                agent
+                    .p2p_tasks
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(running);
+            }
+        }
+        Ok(agent)
     }
 
     /// The registry mirror, when `mirror.listen` is set (the caller serves it).

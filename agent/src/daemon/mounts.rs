@@ -352,7 +352,10 @@ impl Agent {
 
     /// The image's bootstrap: from the local store if this layer was fetched before
     /// (it is named by its verified digest), else fetched, verified and stored.
-    async fn bootstrap_for(&self, image: &registry_image::PlatformImage) -> Result<Bootstrap> {
+    pub(super) async fn bootstrap_for(
+        &self,
+        image: &registry_image::PlatformImage,
+    ) -> Result<Bootstrap> {
         let layer = registry_image::bootstrap_layer(image)?;
         let digest = layer.digest().to_string();
         let name = digest.replace(':', "-");

@@ -541,6 +541,17 @@ impl Fetcher {
                 .stats
                 .origin_wire_bytes
                 .fetch_add(end - start, Ordering::Relaxed);
+            if let Some(network) = &self.network {
+                // For the scheduler's account of peer vs origin bytes.
+                network.report(
+                    None,
+                    blob,
+                    (start, end),
+                    end - start,
+                    started.elapsed(),
+                    tessera_proto::pb::Outcome::Ok,
+                );
+            }
             for &i in &pending {
                 let info = &run[i].info;
                 let from = (info.compressed_offset - start) as usize;

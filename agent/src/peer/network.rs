@@ -55,7 +55,18 @@ pub struct Network {
     /// Wakes the membership task: something to announce or report, or re-register now.
     wake: Notify,
     peers: Mutex<HashMap<SocketAddr, PeerServiceClient<Authed>>>,
+    /// Preheat jobs from heartbeat answers, to the daemon (which takes the receiver).
+    preheat_tasks: tokio::sync::mpsc::UnboundedSender<pb::PreheatTask>,
+    preheat_receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<pb::PreheatTask>>>,
+    /// Where this host's preheat jobs stand, sent with every heartbeat; the most recent
+    /// [`PREHEATS_REMEMBERED`].
+    preheats: Mutex<Vec<pb::PreheatProgress>>,
+    /// A job finished: heartbeat now rather than at the next beat.
+    beat_now: AtomicBool,
 }
+
+/// Preheat jobs whose state this host keeps sending (oldest finished ones go first).
+const PREHEATS_REMEMBERED: usize = 64;
 
 #[derive(Debug, Default)]
 struct State {
@@ -206,6 +217,7 @@ impl Network {
             upload_limit_bps: config.upload_bytes_per_sec,
             max_uploads: config.max_uploads,
         };
+        let (preheat_tasks, preheat_receiver) = tokio::sync::mpsc::unbounded_channel();
         Ok(Arc::new(Network {
             host,
             scheduler,
@@ -225,7 +237,64 @@ impl Network {
             state: Mutex::new(State::default()),
             wake: Notify::new(),
             peers: Mutex::new(HashMap::new()),
+            preheat_tasks,
+            preheat_receiver: Mutex::new(Some(preheat_receiver)),
+            preheats: Mutex::new(Vec::new()),
+            beat_now: AtomicBool::new(false),
         }))
+    }
+
+    /// The preheat jobs the scheduler hands this host (once: the daemon runs them).
+    pub fn take_preheat_tasks(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<pb::PreheatTask>> {
+        self.preheat_receiver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Records where a preheat job stands, for the next heartbeat (at once when it
+    /// finished).
+    pub fn preheat_progress(&self, progress: pb::PreheatProgress) {
+        let finished = progress.state != pb::PreheatState::Running as i32;
+        {
+            let mut all = self.preheats.lock().unwrap_or_else(|p| p.into_inner());
+            all.retain(|p| p.job_id != progress.job_id);
+            all.push(progress);
+            while all.len() > PREHEATS_REMEMBERED {
+                let oldest_finished = all
+                    .iter()
+                    .position(|p| p.state != pb::PreheatState::Running as i32)
+                    .unwrap_or(0);
+                all.remove(oldest_finished);
+            }
+        }
+        if finished {
+            self.beat_now.store(true, Ordering::Relaxed);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes the jobs in a heartbeat answer this host does not know yet.
+    fn start_preheats(&self, tasks: Vec<pb::PreheatTask>) {
+        for task in tasks {
+            {
+                let mut all = self.preheats.lock().unwrap_or_else(|p| p.into_inner());
+                if all.iter().any(|p| p.job_id == task.job_id) {
+                    continue;
+                }
+                all.push(pb::PreheatProgress {
+                    job_id: task.job_id.clone(),
+                    state: pb::PreheatState::Running.into(),
+                    ..Default::default()
+                });
+            }
+            tracing::info!(job = %task.job_id, image = %task.image, "preheat job received");
+            if self.preheat_tasks.send(task).is_err() {
+                tracing::warn!("a preheat job arrived but nothing runs preheat jobs here");
+            }
+        }
     }
 
     pub fn host_id(&self) -> &str {
@@ -300,7 +369,7 @@ impl Network {
                 _ = tokio::time::sleep(heartbeat_every) => true,
                 _ = self.wake.notified() => false,
             };
-            if beat {
+            if beat || self.beat_now.swap(false, Ordering::Relaxed) {
                 self.heartbeat().await;
             }
             if self.registered() {
@@ -339,6 +408,11 @@ impl Network {
 
     async fn heartbeat(&self) {
         let uploads = u32::try_from(self.server.active_uploads()).unwrap_or(u32::MAX);
+        let preheats = self
+            .preheats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let answer = self
             .scheduler
             .clone()
@@ -346,11 +420,12 @@ impl Network {
                 host_id: self.host.id.clone(),
                 active_uploads: uploads,
                 upload_bps: 0,
+                preheats,
             })
             .await;
         match answer {
             Ok(r) if r.get_ref().reregister => self.lost("the scheduler asked to re-register"),
-            Ok(_) => {}
+            Ok(r) => self.start_preheats(r.into_inner().preheats),
             Err(e) => self.lost(e.message()),
         }
     }
