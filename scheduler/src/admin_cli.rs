@@ -43,32 +43,48 @@ enum Action {
     Block { id: String },
     /// Offer a blocked host as a peer again.
     Unblock { id: String },
+    /// Have agents fetch a whole image into their caches now (they use their own
+    /// registry credentials).
+    Preheat {
+        /// A Tessera image reference.
+        image: String,
+        /// How many hosts (default: every host that matches).
+        #[arg(long)]
+        count: Option<usize>,
+        /// Only hosts with this label (repeatable), e.g. `--label zone=eu-1a`.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+        /// `os/arch[/variant]` (default: each host's own).
+        #[arg(long)]
+        platform: Option<String>,
+        /// Wait for the job to finish, showing its progress; fail if it fails.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Preheat jobs, or one in full.
+    Jobs { id: Option<String> },
 }
 
-pub fn run(args: AdminArgs) -> Result<()> {
-    let token = std::fs::read_to_string(&args.token_file)
-        .with_context(|| format!("read the token file {}", args.token_file.display()))?;
-    let (method, path) = match &args.action {
-        Action::Hosts => ("GET", "/api/v1/hosts".to_string()),
-        Action::Host { id } => ("GET", format!("/api/v1/hosts/{id}")),
-        Action::Blobs => ("GET", "/api/v1/blobs".to_string()),
-        Action::Stats => ("GET", "/api/v1/stats".to_string()),
-        Action::Blocklist => ("GET", "/api/v1/blocklist".to_string()),
-        Action::Block { id } => ("POST", format!("/api/v1/hosts/{id}/block")),
-        Action::Unblock { id } => ("POST", format!("/api/v1/hosts/{id}/unblock")),
-    };
-    let url = format!("{}{path}", args.url.trim_end_matches('/'));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let value: Value = runtime.block_on(async {
-        let client = reqwest::Client::new();
+/// The admin API over HTTP, with the bearer token.
+struct Api {
+    base: String,
+    token: String,
+    client: reqwest::Client,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let url = format!("{}{path}", self.base);
         let request = match method {
-            "POST" => client.post(&url),
-            _ => client.get(&url),
+            "POST" => self.client.post(&url),
+            _ => self.client.get(&url),
+        };
+        let request = match body {
+            Some(b) => request.json(b),
+            None => request,
         };
         let resp = request
-            .bearer_auth(token.trim())
+            .bearer_auth(&self.token)
             .send()
             .await
             .with_context(|| format!("call {url} (is --url the scheduler's --admin-listen?)"))?;
@@ -81,25 +97,158 @@ pub fn run(args: AdminArgs) -> Result<()> {
             let why = body["error"].as_str().unwrap_or("no reason given");
             bail!("{method} {url}: HTTP {status}: {why}");
         }
-        Ok::<_, anyhow::Error>(body)
-    })?;
+        Ok(body)
+    }
+}
+
+pub fn run(args: AdminArgs) -> Result<()> {
+    let token = std::fs::read_to_string(&args.token_file)
+        .with_context(|| format!("read the token file {}", args.token_file.display()))?;
+    let api = Api {
+        base: args.url.trim_end_matches('/').to_string(),
+        token: token.trim().to_string(),
+        client: reqwest::Client::new(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut body = None;
+    let (method, path) = match &args.action {
+        Action::Hosts => ("GET", "/api/v1/hosts".to_string()),
+        Action::Host { id } => ("GET", format!("/api/v1/hosts/{id}")),
+        Action::Blobs => ("GET", "/api/v1/blobs".to_string()),
+        Action::Stats => ("GET", "/api/v1/stats".to_string()),
+        Action::Blocklist => ("GET", "/api/v1/blocklist".to_string()),
+        Action::Block { id } => ("POST", format!("/api/v1/hosts/{id}/block")),
+        Action::Unblock { id } => ("POST", format!("/api/v1/hosts/{id}/unblock")),
+        Action::Jobs { id: None } => ("GET", "/api/v1/preheat".to_string()),
+        Action::Jobs { id: Some(id) } => ("GET", format!("/api/v1/preheat/{id}")),
+        Action::Preheat {
+            image,
+            count,
+            labels,
+            platform,
+            ..
+        } => {
+            let mut label_map = serde_json::Map::new();
+            for l in labels {
+                let (k, v) = l
+                    .split_once('=')
+                    .with_context(|| format!("--label {l:?}: expected KEY=VALUE"))?;
+                label_map.insert(k.to_string(), Value::String(v.to_string()));
+            }
+            let mut request = serde_json::json!({ "image": image, "labels": label_map });
+            if let Some(c) = count {
+                request["count"] = (*c).into();
+            }
+            if let Some(p) = platform {
+                request["platform"] = p.clone().into();
+            }
+            body = Some(request);
+            ("POST", "/api/v1/preheat".to_string())
+        }
+    };
+    let mut value = runtime.block_on(api.call(method, &path, body.as_ref()))?;
+    if let Action::Preheat { wait: true, .. } = args.action {
+        value = runtime.block_on(wait_for(&api, &value))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&value)?);
-        return Ok(());
-    }
-    match args.action {
-        Action::Hosts => print_hosts(&value),
-        Action::Blobs => print_blobs(&value),
-        Action::Blocklist => {
-            for id in value.as_array().into_iter().flatten() {
-                println!("{}", id.as_str().unwrap_or(""));
+    } else {
+        match &args.action {
+            Action::Hosts => print_hosts(&value),
+            Action::Blobs => print_blobs(&value),
+            Action::Blocklist => {
+                for id in value.as_array().into_iter().flatten() {
+                    println!("{}", id.as_str().unwrap_or(""));
+                }
             }
+            Action::Block { id } => println!("{id}: blocked"),
+            Action::Unblock { id } => println!("{id}: unblocked"),
+            Action::Jobs { id: None } => print_jobs(&value),
+            Action::Jobs { id: Some(_) } | Action::Preheat { .. } => print_job(&value),
+            Action::Host { .. } | Action::Stats => print_fields(&value),
         }
-        Action::Block { id } => println!("{id}: blocked"),
-        Action::Unblock { id } => println!("{id}: unblocked"),
-        Action::Host { .. } | Action::Stats => print_fields(&value),
+    }
+    if matches!(args.action, Action::Preheat { wait: true, .. }) && value["state"] != "succeeded" {
+        bail!(
+            "preheat job {} failed: {}",
+            value["id"].as_str().unwrap_or("?"),
+            value["error"].as_str().unwrap_or("no reason given")
+        );
     }
     Ok(())
+}
+
+/// Polls a preheat job until it finishes, with a progress line on stderr.
+async fn wait_for(api: &Api, job: &Value) -> Result<Value> {
+    let id = job["id"]
+        .as_str()
+        .context("the answer has no job id")?
+        .to_string();
+    loop {
+        let job = api
+            .call("GET", &format!("/api/v1/preheat/{id}"), None)
+            .await?;
+        let (mut done, mut total) = (0, 0);
+        for part in job["hosts"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, p)| p)
+        {
+            done += part["bytes_done"].as_u64().unwrap_or(0);
+            total += part["bytes_total"].as_u64().unwrap_or(0);
+        }
+        let state = job["state"].as_str().unwrap_or("?");
+        eprint!(
+            "\rpreheat {id}: {state}, {} of {} MiB on {} host(s)   ",
+            mib(&done.into()),
+            mib(&total.into()),
+            job["hosts"].as_object().map_or(0, serde_json::Map::len)
+        );
+        if state == "succeeded" || state == "failed" {
+            eprintln!();
+            return Ok(job);
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+fn print_jobs(jobs: &Value) {
+    println!("{:<22} {:<10} {:>5}  IMAGE", "ID", "STATE", "HOSTS");
+    for j in jobs.as_array().into_iter().flatten() {
+        println!(
+            "{:<22} {:<10} {:>5}  {}",
+            j["id"].as_str().unwrap_or(""),
+            j["state"].as_str().unwrap_or(""),
+            j["hosts"].as_object().map_or(0, serde_json::Map::len),
+            j["image"].as_str().unwrap_or("")
+        );
+    }
+}
+
+fn print_job(job: &Value) {
+    println!(
+        "job {} ({}): {}",
+        job["id"].as_str().unwrap_or(""),
+        job["image"].as_str().unwrap_or(""),
+        job["state"].as_str().unwrap_or("")
+    );
+    println!(
+        "{:<24} {:<10} {:>15} {:>12}  ERROR",
+        "HOST", "STATE", "CHUNKS", "MiB"
+    );
+    for (host, p) in job["hosts"].as_object().into_iter().flatten() {
+        println!(
+            "{:<24} {:<10} {:>15} {:>12}  {}",
+            host,
+            p["state"].as_str().unwrap_or(""),
+            format!("{}/{}", p["chunks_done"], p["chunks_total"]),
+            format!("{}/{}", mib(&p["bytes_done"]), mib(&p["bytes_total"])),
+            p["error"].as_str().unwrap_or("")
+        );
+    }
 }
 
 fn mib(v: &Value) -> String {

@@ -35,7 +35,8 @@ struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Call a running scheduler's admin API (hosts, blobs, stats, blocking hosts).
+    /// Call a running scheduler's admin API (hosts, blobs, stats, blocking hosts,
+    /// preheat jobs).
     Admin(admin_cli::AdminArgs),
 }
 
@@ -168,6 +169,8 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         }
         // Forget hosts whose lease ran out, and fail their preheat parts, once a second.
         let (expiring, jobs) = (swarm.clone(), preheats.clone());
+        // A host gone this long (two leases) is not coming back soon.
+        let grace = Duration::from_secs(cli.lease_secs.saturating_mul(2));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -175,9 +178,11 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
                 let now = Instant::now();
                 let mut swarm = expiring.lock().unwrap_or_else(|p| p.into_inner());
                 let gone = swarm.expire(now);
-                jobs.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .tick(|host| swarm.is_registered(&HostId(host.to_string()), now));
+                jobs.lock().unwrap_or_else(|p| p.into_inner()).tick(
+                    |host| swarm.is_registered(&HostId(host.to_string()), now),
+                    grace,
+                    now,
+                );
                 drop(swarm);
                 if gone > 0 {
                     tracing::info!(hosts = gone, "leases expired");

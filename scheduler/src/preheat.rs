@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tessera_proto::pb;
@@ -108,6 +108,10 @@ pub struct Preheats {
     store: Option<Store>,
     /// Jobs created since start (part of what makes ids unique).
     sequence: u64,
+    /// Hosts with unfinished parts that were not registered at a tick, since when:
+    /// after a scheduler restart, or a host's quick restart, they get a grace period
+    /// to register again before their parts fail.
+    missing_since: HashMap<String, Instant>,
 }
 
 fn now_secs() -> u64 {
@@ -164,6 +168,7 @@ impl Preheats {
             jobs,
             store,
             sequence: 0,
+            missing_since: HashMap::new(),
         })
     }
 
@@ -323,17 +328,24 @@ impl Preheats {
             .collect()
     }
 
-    /// Fails the parts of hosts no longer registered (`registered` says who is) and of
-    /// jobs past their deadline. Called once a second.
-    pub fn tick(&mut self, registered: impl Fn(&str) -> bool) {
-        let now = now_secs();
+    /// Fails the parts of hosts that have not been registered (`registered` says who
+    /// is) for longer than `grace`, and of jobs past their deadline. Called once a
+    /// second.
+    pub fn tick(&mut self, registered: impl Fn(&str) -> bool, grace: Duration, now: Instant) {
+        let wall = now_secs();
         let mut changed = Vec::new();
+        let mut missing = HashMap::new();
         for job in self.jobs.values_mut().filter(|j| !j.state.finished()) {
-            let late = now >= job.created.saturating_add(job.timeout_secs);
+            let late = wall >= job.created.saturating_add(job.timeout_secs);
             for (host, part) in job.hosts.iter_mut().filter(|(_, p)| !p.state.finished()) {
+                let gone = !registered(host) && {
+                    let since = *self.missing_since.get(host).unwrap_or(&now);
+                    missing.insert(host.clone(), since);
+                    now.duration_since(since) >= grace
+                };
                 let why = if late {
                     format!("not finished within timeout_secs ({})", job.timeout_secs)
-                } else if !registered(host) {
+                } else if gone {
                     "the host left the swarm before finishing".to_string()
                 } else {
                     continue;
@@ -343,6 +355,7 @@ impl Preheats {
                 changed.push(job.id.clone());
             }
         }
+        self.missing_since = missing;
         changed.dedup();
         for id in changed {
             self.settle(&id);
@@ -502,7 +515,12 @@ mod tests {
         let failed = progress(&job.id, pb::PreheatState::Failed, 0, "manifest unknown");
         p.heartbeat("h0", &[failed]);
         assert_eq!(p.get(&job.id).unwrap().state, State::Running);
-        p.tick(|h| h != "h1");
+        let start = Instant::now();
+        let grace = Duration::from_secs(60);
+        p.tick(|h| h != "h1", grace, start);
+        // Not yet: h1 may be restarting (or the scheduler just did).
+        assert_eq!(p.get(&job.id).unwrap().state, State::Running);
+        p.tick(|h| h != "h1", grace, start + grace);
         let job = p.get(&job.id).unwrap().clone();
         assert_eq!(job.state, State::Failed);
         let error = job.error.as_deref().unwrap();
