@@ -57,6 +57,9 @@ enum Action {
         /// `os/arch[/variant]` (default: each host's own).
         #[arg(long)]
         platform: Option<String>,
+        /// Hosts that have not finished after this long fail (default: an hour).
+        #[arg(long, value_name = "SECONDS")]
+        timeout_secs: Option<u64>,
         /// Wait for the job to finish, showing its progress; fail if it fails.
         #[arg(long)]
         wait: bool,
@@ -128,6 +131,7 @@ pub fn run(args: AdminArgs) -> Result<()> {
             count,
             labels,
             platform,
+            timeout_secs,
             ..
         } => {
             let mut label_map = serde_json::Map::new();
@@ -143,6 +147,9 @@ pub fn run(args: AdminArgs) -> Result<()> {
             }
             if let Some(p) = platform {
                 request["platform"] = p.clone().into();
+            }
+            if let Some(t) = timeout_secs {
+                request["timeout_secs"] = (*t).into();
             }
             body = Some(request);
             ("POST", "/api/v1/preheat".to_string())
