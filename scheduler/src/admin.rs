@@ -11,6 +11,9 @@
 //!   `/api/v1/blocklist`.
 //! - `POST /api/v1/hosts/{id}/block` and `/unblock`: a blocked host is never offered as
 //!   a peer; the blocklist is kept in the store across restarts.
+//! - `POST /api/v1/hosts/{id}/drain` and `/undrain`: a draining host is not offered
+//!   as a peer (nor chosen for preheats) until it registers again, so its uploads run
+//!   down before maintenance; not kept across restarts.
 //! - `POST /api/v1/preheat`, `GET /api/v1/preheat[/{id}]`: preheat jobs
 //!   ([`crate::preheat`]).
 //!
@@ -273,6 +276,9 @@ impl Admin {
             (&Method::POST, ["api", "v1", "hosts", id, action @ ("block" | "unblock")]) => {
                 self.block(id, *action == "block", now)
             }
+            (&Method::POST, ["api", "v1", "hosts", id, action @ ("drain" | "undrain")]) => {
+                self.drain(id, *action == "drain", now)
+            }
             (&Method::POST, ["api", "v1", "preheat"]) => self.preheat(body, now),
             (&Method::GET, ["api", "v1", "preheat"]) => {
                 json(StatusCode::OK, &self.preheats().list())
@@ -304,7 +310,7 @@ impl Admin {
             .swarm()
             .hosts(now)
             .into_iter()
-            .filter(|h| !h.blocked)
+            .filter(|h| !h.blocked && !h.draining)
             .map(|h| (h.id, h.labels))
             .collect();
         match self.preheats().create(request, candidates) {
@@ -315,6 +321,28 @@ impl Admin {
             Err(Refusal::Invalid(why)) => refuse(StatusCode::BAD_REQUEST, &why),
             Err(Refusal::NotEnoughHosts(why)) => refuse(StatusCode::CONFLICT, &why),
         }
+    }
+
+    fn drain(&self, id: &str, drain: bool, now: Instant) -> Response<Body> {
+        let host = HostId(id.to_string());
+        if self.swarm().set_draining(&host, drain, now).is_err() {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                &format!("no registered host {id:?} (GET /api/v1/hosts lists them)"),
+            );
+        }
+        tracing::warn!(
+            host = id,
+            draining = drain,
+            "admin: host {}",
+            if drain {
+                "draining"
+            } else {
+                "no longer draining"
+            }
+        );
+        let view = self.swarm().host(&host, now);
+        json(StatusCode::OK, &view)
     }
 
     fn block(&self, id: &str, block: bool, now: Instant) -> Response<Body> {

@@ -43,6 +43,11 @@ enum Action {
     Block { id: String },
     /// Offer a blocked host as a peer again.
     Unblock { id: String },
+    /// Stop offering a host as a peer until it registers again (before maintenance);
+    /// its uploads under way finish.
+    Drain { id: String },
+    /// Offer a draining host as a peer again.
+    Undrain { id: String },
     /// Have agents fetch a whole image into their caches now (they use their own
     /// registry credentials).
     Preheat {
@@ -124,6 +129,8 @@ pub fn run(args: AdminArgs) -> Result<()> {
         Action::Blocklist => ("GET", "/api/v1/blocklist".to_string()),
         Action::Block { id } => ("POST", format!("/api/v1/hosts/{id}/block")),
         Action::Unblock { id } => ("POST", format!("/api/v1/hosts/{id}/unblock")),
+        Action::Drain { id } => ("POST", format!("/api/v1/hosts/{id}/drain")),
+        Action::Undrain { id } => ("POST", format!("/api/v1/hosts/{id}/undrain")),
         Action::Jobs { id: None } => ("GET", "/api/v1/preheat".to_string()),
         Action::Jobs { id: Some(id) } => ("GET", format!("/api/v1/preheat/{id}")),
         Action::Preheat {
@@ -172,6 +179,11 @@ pub fn run(args: AdminArgs) -> Result<()> {
             }
             Action::Block { id } => println!("{id}: blocked"),
             Action::Unblock { id } => println!("{id}: unblocked"),
+            Action::Drain { id } => println!(
+                "{id}: draining ({} uploads under way)",
+                value["active_uploads"]
+            ),
+            Action::Undrain { id } => println!("{id}: no longer draining"),
             Action::Jobs { id: None } => print_jobs(&value),
             Action::Jobs { id: Some(_) } | Action::Preheat { .. } => print_job(&value),
             Action::Host { .. } | Action::Stats => print_fields(&value),
@@ -270,6 +282,8 @@ fn print_hosts(hosts: &Value) {
     for h in hosts.as_array().into_iter().flatten() {
         let state = if h["blocked"] == true {
             "blocked"
+        } else if h["draining"] == true {
+            "draining"
         } else if h["excluded"] == true {
             "excluded (bad bytes)"
         } else if h["resting"] == true {

@@ -89,6 +89,9 @@ struct HostState {
     /// Blobs this host holds ranges of or fetches from the origin: what to clean up
     /// when it is forgotten.
     blobs: Vec<BlobIx>,
+    /// An administrator is draining it (before maintenance): not offered as a peer
+    /// while this registration lasts; uploads under way finish.
+    draining: bool,
 }
 
 /// An origin fetch under way.
@@ -194,6 +197,8 @@ pub struct HostView {
     pub resting: bool,
     pub excluded: bool,
     pub blocked: bool,
+    /// Being drained by an administrator until it registers again.
+    pub draining: bool,
 }
 
 /// A blob as the admin API shows it.
@@ -306,6 +311,7 @@ impl Swarm {
             registered: now,
             resting_until: None,
             blobs: Vec::new(),
+            draining: false,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -468,6 +474,7 @@ impl Swarm {
             let usable = h.expires > now
                 && h.verification_failures < config.verification_failure_limit
                 && h.resting_until.is_none_or(|t| t <= now)
+                && !h.draining
                 && !self.blocked.contains(&h.host.id);
             if usable {
                 candidates.push((held == want, score(h, zone.as_deref()), *slot));
@@ -607,6 +614,20 @@ impl Swarm {
         }
     }
 
+    /// Drains (or stops draining) a registered host: while draining it is not offered
+    /// as a peer, and its uploads under way run down (`active_uploads` in its view).
+    /// Registering again (after maintenance) ends it.
+    pub fn set_draining(
+        &mut self,
+        id: &HostId,
+        draining: bool,
+        now: Instant,
+    ) -> Result<(), UnknownHost> {
+        let slot = self.live_slot(id, now)?;
+        self.state_mut(slot).draining = draining;
+        Ok(())
+    }
+
     pub fn is_registered(&self, id: &HostId, now: Instant) -> bool {
         self.live_slot(id, now).is_ok()
     }
@@ -665,6 +686,7 @@ impl Swarm {
             resting: h.resting_until.is_some_and(|t| t > now),
             excluded: h.verification_failures >= self.config.verification_failure_limit,
             blocked: self.blocked.contains(&h.host.id),
+            draining: h.draining,
         }
     }
 

@@ -238,6 +238,8 @@ fn every_endpoint_but_health_refuses_a_missing_or_wrong_token() {
         ("GET", "/api/v1/preheat/ph-1"),
         ("POST", "/api/v1/hosts/a/block"),
         ("POST", "/api/v1/hosts/a/unblock"),
+        ("POST", "/api/v1/hosts/a/drain"),
+        ("POST", "/api/v1/hosts/a/undrain"),
         ("POST", "/api/v1/preheat"),
     ];
     let preheat = br#"{"image": "127.0.0.1:5000/app:v1"}"#;
@@ -332,6 +334,25 @@ fn a_blocked_host_is_not_offered_as_a_peer_even_after_a_restart() {
     let (status, why) = s.post("/api/v1/hosts/holder/unblock", ADMIN_TOKEN, "");
     assert_eq!(status, 404, "{why}");
     assert!(why["error"].as_str().unwrap().contains("not blocked"));
+
+    // Draining: not offered until undrained or registered again; not kept.
+    let (status, view) = s.post("/api/v1/hosts/holder/drain", ADMIN_TOKEN, "");
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["draining"], true);
+    rt.block_on(async {
+        let mut c = s.client().await;
+        assert!(peers_for(&mut c, "asker").await.is_empty());
+    });
+    let (status, view) = s.post("/api/v1/hosts/holder/undrain", ADMIN_TOKEN, "");
+    assert_eq!((status, &view["draining"]), (200, &Value::Bool(false)));
+    s.post("/api/v1/hosts/holder/drain", ADMIN_TOKEN, "");
+    rt.block_on(async {
+        let mut c = s.client().await;
+        populate(&mut c, &["holder"]).await;
+        assert_eq!(peers_for(&mut c, "asker").await, vec!["holder"]);
+    });
+    let (status, why) = s.post("/api/v1/hosts/nobody/drain", ADMIN_TOKEN, "");
+    assert_eq!(status, 404, "{why}");
 }
 
 #[test]
