@@ -22,9 +22,9 @@
 //! JSON `{"error": "..."}` saying what was wrong.
 
 use std::convert::Infallible;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -86,6 +86,31 @@ impl AdminTokens {
             None
         }
     }
+}
+
+/// A TLS acceptor (rustls) for the admin listener from a PEM certificate chain and key:
+/// the same files as the gRPC service's `--tls-cert` and `--tls-key`.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, Error> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let tls = |what: String| Error::Tls { reason: what };
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls(format!("read the certificate {}: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(tls(format!("{} holds no certificate", cert.display())));
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| tls(format!("read the private key {}: {e}", key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| tls(format!("{} and {}: {e}", cert.display(), key.display())))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// The admin API's shared state.
@@ -162,23 +187,54 @@ impl Admin {
         self.preheats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Serves on `listener` until the task is dropped.
+    /// Serves plain HTTP on `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let admin = self.clone();
+            tokio::spawn(self.clone().serve_connection(stream));
+        }
+    }
+
+    /// Serves HTTPS on `listener` (see [`tls_acceptor`]) until the task is dropped.
+    pub async fn serve_tls(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: tokio_rustls::TlsAcceptor,
+    ) {
+        loop {
+            let Ok((stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let (admin, tls) = (self.clone(), tls.clone());
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.handle(req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
+                // A client that never finishes its handshake must not hold a task.
+                let handshake = tokio::time::timeout(Duration::from_secs(10), tls.accept(stream));
+                match handshake.await {
+                    Ok(Ok(stream)) => admin.serve_connection(stream).await,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "admin API: TLS handshake failed")
+                    }
+                    Err(_) => tracing::debug!(%peer, "admin API: TLS handshake timed out"),
+                }
             });
         }
+    }
+
+    async fn serve_connection<IO>(self: Arc<Self>, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| {
+            let admin = self.clone();
+            async move { Ok::<_, Infallible>(admin.handle(req).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .await;
     }
 
     /// Answers one request.

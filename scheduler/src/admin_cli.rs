@@ -20,6 +20,10 @@ pub struct AdminArgs {
     /// A file with the admin (or, for reading, the read-only) token.
     #[arg(long, env = "TESSERA_SCHEDULER_ADMIN_TOKEN_FILE", value_name = "FILE")]
     token_file: PathBuf,
+    /// The CA certificate (PEM) an `https://` URL's certificate is checked against
+    /// (default: the system's web roots).
+    #[arg(long, env = "TESSERA_SCHEDULER_ADMIN_CA", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -112,10 +116,17 @@ impl Api {
 pub fn run(args: AdminArgs) -> Result<()> {
     let token = std::fs::read_to_string(&args.token_file)
         .with_context(|| format!("read the token file {}", args.token_file.display()))?;
+    let mut client = reqwest::Client::builder();
+    if let Some(ca) = &args.ca_file {
+        let pem = std::fs::read(ca).with_context(|| format!("read the CA {}", ca.display()))?;
+        let cert = reqwest::Certificate::from_pem(&pem)
+            .with_context(|| format!("{}: not a PEM certificate", ca.display()))?;
+        client = client.add_root_certificate(cert);
+    }
     let api = Api {
         base: args.url.trim_end_matches('/').to_string(),
         token: token.trim().to_string(),
-        client: reqwest::Client::new(),
+        client: client.build().context("set up the HTTP client")?,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

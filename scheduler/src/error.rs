@@ -7,6 +7,9 @@ pub enum Error {
     /// The durable store (`--state-dir`) failed.
     #[error("scheduler state: {what}: {reason}")]
     Store { what: String, reason: String },
+    /// The admin listener's certificate or key is unusable.
+    #[error("admin API TLS: {reason}")]
+    Tls { reason: String },
     /// A token file could not be read.
     #[error("read the token file {path}: {cause}")]
     TokenFile {

@@ -57,8 +57,8 @@ struct ServeArgs {
     /// `p2p.token_file`). Without it, any client may use the service.
     #[arg(long, env = "TESSERA_SCHEDULER_TOKEN_FILE", value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
-    /// Serve TLS with this certificate (PEM); agents then use `https://` and trust its
-    /// CA (`p2p.tls_ca`).
+    /// Serve TLS with this certificate (PEM), on the gRPC service and the admin API;
+    /// agents then use `https://` and trust its CA (`p2p.tls_ca`).
     #[arg(
         long,
         env = "TESSERA_SCHEDULER_TLS_CERT",
@@ -164,8 +164,17 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("admin API: listen on {addr}"))?;
-            tracing::info!(listen = %addr, "admin API ready");
-            tokio::spawn(admin.clone().serve(listener));
+            match (&cli.tls_cert, &cli.tls_key) {
+                (Some(cert), Some(key)) => {
+                    let tls = tessera_scheduler::admin::tls_acceptor(cert, key)?;
+                    tracing::info!(listen = %addr, tls = true, "admin API ready");
+                    tokio::spawn(admin.clone().serve_tls(listener, tls));
+                }
+                _ => {
+                    tracing::info!(listen = %addr, tls = false, "admin API ready");
+                    tokio::spawn(admin.clone().serve(listener));
+                }
+            }
         }
         // Forget hosts whose lease ran out, and fail their preheat parts, once a second.
         let (expiring, jobs) = (swarm.clone(), preheats.clone());

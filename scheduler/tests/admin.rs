@@ -580,3 +580,88 @@ fn preheat_jobs_reach_the_chosen_hosts_and_end_with_their_reports() {
         assert!(text.contains(line), "no {line:?} in\n{text}");
     }
 }
+
+#[test]
+fn with_a_certificate_the_admin_api_speaks_only_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl is needed (apt-get install openssl; make test installs it)");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, ADMIN_TOKEN).unwrap();
+    let (grpc, admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["--listen", &grpc, "--admin-listen", &admin])
+        .arg("--admin-token-file")
+        .arg(&token)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = |ca: Option<&std::path::Path>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"));
+        c.args([
+            "admin",
+            "--url",
+            &format!("https://{admin}"),
+            "--token-file",
+        ])
+        .arg(&token);
+        if let Some(ca) = ca {
+            c.arg("--ca-file").arg(ca);
+        }
+        c.args(["--json", "stats"]).output().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let out = cli(Some(&cert));
+        if out.status.success() || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    // Plain HTTP gets no answer, and a client that does not trust the CA is refused.
+    let plain = request(&admin, "GET", "/healthz", None, b"");
+    let untrusted = cli(None);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success() && stats["hosts"] == 0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(plain.0, 200, "plain HTTP was answered: {plain:?}");
+    assert!(!untrusted.status.success());
+    let err = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(err.contains("call https://"), "{err}");
+}
