@@ -77,7 +77,9 @@ pub struct P2pConfig {
     /// `false` (`--no-p2p`): every missing chunk comes from the origin, and nothing is
     /// served to peers — for comparisons and for nodes that must not upload.
     pub enabled: bool,
-    /// The scheduler's URL (`http://host:port`).
+    /// The scheduler's URL (`http://host:port`), or several replicas' URLs separated
+    /// by commas: the same list, in any order, on every agent (blobs are placed on
+    /// replicas by hashing over it).
     pub scheduler: Option<String>,
     /// Where this agent's peer service listens.
     pub peer_listen: String,
@@ -162,16 +164,35 @@ impl P2pConfig {
         }
     }
 
+    /// The scheduler replicas' URLs, sorted (so the order in the setting does not
+    /// matter) and without repeats.
+    pub fn scheduler_urls(&self) -> Vec<String> {
+        let mut urls: Vec<String> = self
+            .scheduler
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        urls.sort();
+        urls.dedup();
+        urls
+    }
+
     fn problems(&self, problems: &mut Vec<String>) {
         if !self.active() {
             return;
         }
-        if let Some(url) = &self.scheduler {
+        for url in self.scheduler_urls() {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 problems.push(format!(
                     "p2p.scheduler: {url:?} is not a URL like http://scheduler:7080"
                 ));
             }
+        }
+        if self.scheduler.is_some() && self.scheduler_urls().is_empty() {
+            problems.push("p2p.scheduler: no URL in it".to_string());
         }
         if self.peer_listen.parse::<std::net::SocketAddr>().is_err() {
             problems.push(format!(
@@ -193,9 +214,9 @@ impl P2pConfig {
             problems.push("p2p.tls_cert, p2p.tls_key: set both or neither".to_string());
         }
         let https = self
-            .scheduler
-            .as_deref()
-            .is_some_and(|u| u.starts_with("https://"));
+            .scheduler_urls()
+            .iter()
+            .any(|u| u.starts_with("https://"));
         if (self.tls_cert.is_some() || https) && self.tls_ca.is_none() {
             problems.push(
                 "p2p.tls_ca: needed to verify an https:// scheduler and TLS peers".to_string(),

@@ -294,3 +294,129 @@ fn a_token_and_tls_protect_the_swarm() {
             && !swarm.scheduler.log_text().contains("p2p-secret")
     );
 }
+
+/// The image's layer digests, from its manifest in the registry (following an index
+/// to its first manifest).
+fn layer_digests(reference: &str) -> Vec<(String, u64)> {
+    let (registry, rest) = reference.split_once('/').unwrap();
+    let (repo, tag) = rest.rsplit_once(':').unwrap();
+    let get = |what: &str| -> serde_json::Value {
+        let out = std::process::Command::new("curl")
+            .args(["-sf", "-H"])
+            .arg("Accept: application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json")
+            .arg(format!("http://{registry}/v2/{repo}/manifests/{what}"))
+            .output()
+            .expect("curl is needed (apt-get install curl; make test installs it)");
+        assert!(out.status.success(), "GET manifest {what}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mut manifest = get(tag);
+    if let Some(first) = manifest["manifests"].get(0) {
+        manifest = get(first["digest"].as_str().unwrap());
+    }
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["digest"].as_str().unwrap().to_string(),
+                l["size"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Three scheduler replicas without shared state: agents place each blob on one by
+/// consistent hashing, so killing the replica that owns the image's data blob in the
+/// middle of a swarm pull moves only that blob to the next replica; every read
+/// completes correctly and the registry still sends the image about once, not once
+/// per agent.
+#[test]
+fn a_scheduler_replica_killed_mid_swarm_moves_only_its_blobs() {
+    let mut swarm = Swarm::with_replicas(6, 8 << 20, "200mbit", 3, &["--lease-secs", "3"]);
+    let agents: Vec<AgentProcess> = (0..6).map(|_| swarm.agent(&[])).collect();
+    for a in &agents {
+        wait_registered(a);
+    }
+    assert_eq!(agents[0].status()["swarm"]["schedulers"], 3);
+    let schedulers: Vec<&support::scheduler::SchedulerProcess> = std::iter::once(&swarm.scheduler)
+        .chain(&swarm.replicas)
+        .collect();
+    let mut urls: Vec<String> = schedulers.iter().map(|s| s.url.clone()).collect();
+    urls.sort();
+    let ring = tessera_agent::peer::ring::Ring::new(&urls);
+    let (data_blob, _) = layer_digests(&swarm.reference)
+        .into_iter()
+        .max_by_key(|(_, size)| *size)
+        .unwrap();
+    let owner = &urls[ring.owner(&data_blob, |_| true).unwrap()];
+    let victim = schedulers.iter().find(|s| &s.url == owner).unwrap();
+
+    let mounts: Vec<PathBuf> = agents.iter().map(|a| swarm.mount(a)).collect();
+    let before = swarm.origin_tx();
+    let barrier = std::sync::Barrier::new(mounts.len() + 1);
+    std::thread::scope(|scope| {
+        for (n, mnt) in mounts.iter().enumerate() {
+            let (swarm, barrier) = (&swarm, &barrier);
+            scope.spawn(move || {
+                barrier.wait();
+                for k in 0..swarm.files.len() {
+                    let (path, data) = &swarm.files[(k + n) % swarm.files.len()];
+                    let got = std::fs::read(mnt.join(path)).unwrap();
+                    assert!(got == *data, "agent {n}: {path} differs");
+                }
+            });
+        }
+        // Mid-swarm: once a third of the image has left the registry.
+        let (swarm, barrier) = (&swarm, &barrier);
+        scope.spawn(move || {
+            barrier.wait();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while swarm.origin_tx() - before < swarm.image_bytes / 3
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            victim.kill9();
+        });
+    });
+    let egress = swarm.origin_tx() - before;
+    let ratio = egress as f64 / swarm.image_bytes as f64;
+    let sources: Vec<String> = agents
+        .iter()
+        .map(|a| {
+            let p = pull(a);
+            format!("origin {} peer {}", p["origin_bytes"], p["peer_bytes"])
+        })
+        .collect();
+    assert!(
+        ratio <= 2.0,
+        "6 agents made the registry send {egress} bytes, {ratio:.2}x the {}-byte image, with a replica killed; per agent: {sources:?}",
+        swarm.image_bytes
+    );
+    let peer_bytes: u64 = agents
+        .iter()
+        .map(|a| pull(a)["peer_bytes"].as_u64().unwrap())
+        .sum();
+    assert!(
+        peer_bytes >= swarm.total() * 3,
+        "the swarm served only {peer_bytes} bytes peer to peer: {sources:?}"
+    );
+    // Every agent notices the loss (heartbeats are a second apart) and keeps the rest.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for a in &agents {
+        while a.status()["swarm"]["schedulers_registered"] != 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}",
+                a.status()["swarm"]
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(a.status()["swarm"]["registered"], true);
+    }
+    eprintln!(
+        "3 replicas, one killed mid-swarm: registry egress {ratio:.3}x the image; {sources:?}"
+    );
+}

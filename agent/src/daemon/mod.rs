@@ -73,6 +73,11 @@ pub struct SwarmStatus {
     /// Whether the scheduler currently knows this agent (if not, chunks come from the
     /// origin until it re-registers).
     pub registered: bool,
+    /// Scheduler replicas that know this agent, of those configured.
+    #[serde(default)]
+    pub schedulers_registered: usize,
+    #[serde(default)]
+    pub schedulers: usize,
     pub uploads_active: usize,
     pub uploaded_bytes: u64,
 }
@@ -103,10 +108,15 @@ impl std::fmt::Display for Status {
             writeln!(
                 f,
                 "swarm      {} as {}; {} uploads now, {:.1} MiB served to peers",
-                if s.registered {
-                    "registered"
+                if !s.registered {
+                    "NOT registered (origin only until the scheduler answers)".to_string()
+                } else if s.schedulers > 1 {
+                    format!(
+                        "registered with {} of {} scheduler replicas",
+                        s.schedulers_registered, s.schedulers
+                    )
                 } else {
-                    "NOT registered (origin only until the scheduler answers)"
+                    "registered".to_string()
                 },
                 s.host_id,
                 s.uploads_active,
@@ -352,6 +362,8 @@ impl Agent {
             swarm: self.fetcher.network().map(|n| SwarmStatus {
                 host_id: n.host_id().to_string(),
                 registered: n.registered(),
+                schedulers_registered: n.replicas_registered().0,
+                schedulers: n.replicas_registered().1,
                 uploads_active: n.server().active_uploads(),
                 uploaded_bytes: n.server().uploaded_bytes(),
             }),

@@ -5,8 +5,10 @@
 //! - [`network`]: membership in the swarm (register, heartbeat, announce what was
 //!   verified, report transfers, ask who holds a range) and the connections to other
 //!   agents. The fetcher (`crate::fetch`) uses it between the cache and the origin.
+//! - [`ring`]: consistent hashing of blobs over scheduler replicas.
 
 pub mod network;
+pub mod ring;
 pub mod server;
 
 pub use network::Network;

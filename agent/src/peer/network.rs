@@ -8,6 +8,12 @@
 //! fetcher goes to the origin; a background task keeps trying to register and, when it
 //! succeeds, announces everything this host holds again (`full`), which is how a
 //! restarted scheduler relearns the swarm.
+//!
+//! Several scheduler replicas (`p2p.scheduler` listing several URLs) share no state:
+//! this host registers with every one, and talks about each blob (announcements,
+//! lookups, reports) only to the replica that owns it on the [`Ring`]. When a replica
+//! is lost its blobs move to the next one up, and this host announces what it holds
+//! of them there at once.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,6 +32,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::P2pConfig;
+use crate::peer::ring::Ring;
 use crate::peer::PeerServer;
 use crate::{Error, Result};
 
@@ -42,18 +49,16 @@ const SCHEDULER_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Network {
     host: pb::Host,
-    scheduler: SchedulerClient<Authed>,
+    /// The scheduler replicas (usually one), placed on `ring`.
+    replicas: Vec<Replica>,
+    ring: Ring,
     auth: AddBearer,
     server: PeerServer,
     /// Set when peers speak TLS (this agent's peer service does too).
     peer_tls: Option<ClientTlsConfig>,
     peer_timeout: Duration,
     max_wait: Duration,
-    /// Registered with a scheduler that answers; `false` sends every fetch to the origin.
-    registered: AtomicBool,
     state: Mutex<State>,
-    /// Wakes the membership task: something to announce or report, or re-register now.
-    wake: Notify,
     peers: Mutex<HashMap<SocketAddr, PeerServiceClient<Authed>>>,
     /// Preheat jobs from heartbeat answers, to the daemon (which takes the receiver).
     preheat_tasks: tokio::sync::mpsc::UnboundedSender<pb::PreheatTask>,
@@ -61,7 +66,18 @@ pub struct Network {
     /// Where this host's preheat jobs stand, sent with every heartbeat; the most recent
     /// [`PREHEATS_REMEMBERED`].
     preheats: Mutex<Vec<pb::PreheatProgress>>,
-    /// A job finished: heartbeat now rather than at the next beat.
+}
+
+/// One scheduler replica and this host's membership in it.
+#[derive(Debug)]
+struct Replica {
+    url: String,
+    client: SchedulerClient<Authed>,
+    /// Registered with it and it answers; `false` takes it off the ring.
+    registered: AtomicBool,
+    /// Wakes its membership task: something to announce or report, or re-register now.
+    wake: Notify,
+    /// A preheat job finished: heartbeat now rather than at the next beat.
     beat_now: AtomicBool,
 }
 
@@ -71,11 +87,16 @@ const PREHEATS_REMEMBERED: usize = 64;
 #[derive(Debug, Default)]
 struct State {
     /// Everything this host announced since it started, merged per blob: re-announced
-    /// in full after each registration.
+    /// in full after each registration (to each replica, the blobs it owns).
     held: HashMap<String, Vec<(u64, u64)>>,
-    /// Not yet sent.
-    pending_held: HashMap<String, Vec<(u64, u64)>>,
-    pending_reports: Vec<pb::Transfer>,
+    /// Not yet sent, by replica.
+    pending: Vec<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    held: HashMap<String, Vec<(u64, u64)>>,
+    reports: Vec<pb::Transfer>,
 }
 
 /// Sorts and merges `[start, end)` ranges in place.
@@ -171,10 +192,10 @@ impl Network {
     /// service (its load goes into heartbeats). Nothing is sent until
     /// [`spawn`](Self::spawn).
     pub fn new(config: &P2pConfig, server: PeerServer) -> Result<Arc<Network>> {
-        let url = config
-            .scheduler
-            .clone()
-            .ok_or_else(|| Error::Agent("p2p: no scheduler configured".into()))?;
+        let urls = config.scheduler_urls();
+        if urls.is_empty() {
+            return Err(Error::Agent("p2p: no scheduler configured".into()));
+        }
         let address = config.advertised().ok_or_else(|| {
             Error::Agent("p2p: set p2p.advertise to the ip:port peers reach this node at".into())
         })?;
@@ -186,20 +207,29 @@ impl Network {
         };
         let auth = AddBearer::new(token.as_ref()).map_err(|e| Error::Agent(format!("p2p: {e}")))?;
         let tls = tls_client(config)?;
-        let mut endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| Error::Agent(format!("p2p.scheduler {url:?}: {e}")))?
-            .connect_timeout(SCHEDULER_TIMEOUT)
-            .timeout(SCHEDULER_TIMEOUT)
-            .tcp_nodelay(true);
-        if url.starts_with("https://") {
-            let tls = tls.clone().ok_or_else(|| {
-                Error::Agent("p2p: an https:// scheduler needs p2p.tls_ca".into())
-            })?;
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| Error::Agent(format!("p2p.scheduler TLS: {e}")))?;
+        let mut replicas = Vec::with_capacity(urls.len());
+        for url in &urls {
+            let mut endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| Error::Agent(format!("p2p.scheduler {url:?}: {e}")))?
+                .connect_timeout(SCHEDULER_TIMEOUT)
+                .timeout(SCHEDULER_TIMEOUT)
+                .tcp_nodelay(true);
+            if url.starts_with("https://") {
+                let tls = tls.clone().ok_or_else(|| {
+                    Error::Agent("p2p: an https:// scheduler needs p2p.tls_ca".into())
+                })?;
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .map_err(|e| Error::Agent(format!("p2p.scheduler TLS: {e}")))?;
+            }
+            replicas.push(Replica {
+                url: url.clone(),
+                client: SchedulerClient::with_interceptor(endpoint.connect_lazy(), auth.clone()),
+                registered: AtomicBool::new(false),
+                wake: Notify::new(),
+                beat_now: AtomicBool::new(false),
+            });
         }
-        let scheduler = SchedulerClient::with_interceptor(endpoint.connect_lazy(), auth.clone());
         let mut labels = HashMap::new();
         if let Some(zone) = &config.zone {
             labels.insert("zone".to_string(), zone.clone());
@@ -218,9 +248,15 @@ impl Network {
             max_uploads: config.max_uploads,
         };
         let (preheat_tasks, preheat_receiver) = tokio::sync::mpsc::unbounded_channel();
+        let ring = Ring::new(&urls);
+        let state = State {
+            held: HashMap::new(),
+            pending: urls.iter().map(|_| Pending::default()).collect(),
+        };
         Ok(Arc::new(Network {
             host,
-            scheduler,
+            replicas,
+            ring,
             auth,
             server,
             peer_tls: if config.tls_cert.is_some() {
@@ -233,14 +269,11 @@ impl Network {
             },
             peer_timeout: Duration::from_millis(config.peer_timeout_ms),
             max_wait: Duration::from_secs(config.max_wait_secs),
-            registered: AtomicBool::new(false),
-            state: Mutex::new(State::default()),
-            wake: Notify::new(),
+            state: Mutex::new(state),
             peers: Mutex::new(HashMap::new()),
             preheat_tasks,
             preheat_receiver: Mutex::new(Some(preheat_receiver)),
             preheats: Mutex::new(Vec::new()),
-            beat_now: AtomicBool::new(false),
         }))
     }
 
@@ -271,8 +304,10 @@ impl Network {
             }
         }
         if finished {
-            self.beat_now.store(true, Ordering::Relaxed);
-            self.wake.notify_one();
+            for replica in &self.replicas {
+                replica.beat_now.store(true, Ordering::Relaxed);
+                replica.wake.notify_one();
+            }
         }
     }
 
@@ -301,9 +336,28 @@ impl Network {
         &self.host.id
     }
 
-    /// Whether the scheduler currently knows this host.
+    /// Whether a scheduler (any replica) currently knows this host.
     pub fn registered(&self) -> bool {
-        self.registered.load(Ordering::Relaxed)
+        self.replicas
+            .iter()
+            .any(|r| r.registered.load(Ordering::Relaxed))
+    }
+
+    /// Replicas that currently know this host, of those configured.
+    pub fn replicas_registered(&self) -> (usize, usize) {
+        let up = self
+            .replicas
+            .iter()
+            .filter(|r| r.registered.load(Ordering::Relaxed))
+            .count();
+        (up, self.replicas.len())
+    }
+
+    /// The replica that owns `blob` now (among those that know this host).
+    fn owner(&self, blob: &str) -> Option<usize> {
+        self.ring.owner(blob, |r| {
+            self.replicas[r].registered.load(Ordering::Relaxed)
+        })
     }
 
     /// The peer service this host runs.
@@ -319,35 +373,73 @@ impl Network {
         self.max_wait
     }
 
-    /// Starts the membership task (register, heartbeat, announce, report) on the
-    /// current runtime.
+    /// Starts the membership tasks (register, heartbeat, announce, report; one per
+    /// replica) on the current runtime; aborting the handle stops them all.
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(self.clone().membership())
+        let network = self.clone();
+        tokio::spawn(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for r in 0..network.replicas.len() {
+                tasks.spawn(network.clone().membership(r));
+            }
+            while tasks.join_next().await.is_some() {}
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The scheduler is gone or forgot us: fetch from the origin until registered again.
-    fn lost(&self, why: &str) {
-        if self.registered.swap(false, Ordering::Relaxed) {
+    /// Replica `r` is gone or forgot us: off the ring until registered again. What this
+    /// host holds of the blobs it owned is announced to their new owners.
+    fn lost(&self, r: usize, why: &str) {
+        let replica = &self.replicas[r];
+        replica.wake.notify_one();
+        if !replica.registered.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        if !self.registered() {
             tracing::warn!(
                 host = %self.host.id,
+                scheduler = %replica.url,
                 reason = why,
                 "lost the scheduler; fetching from the origin until it is back"
             );
+            return;
         }
-        self.wake.notify_one();
+        tracing::warn!(host = %self.host.id, scheduler = %replica.url, reason = why, "lost a scheduler replica; its blobs move to the next replica");
+        let up = |i: usize| self.replicas[i].registered.load(Ordering::Relaxed);
+        let mut woken = Vec::new();
+        {
+            let mut state = self.state();
+            let state = &mut *state;
+            for (blob, ranges) in &state.held {
+                if self.ring.owner(blob, |i| i == r || up(i)) != Some(r) {
+                    continue;
+                }
+                if let Some(to) = self.ring.owner(blob, up) {
+                    let list = state.pending[to].held.entry(blob.clone()).or_default();
+                    list.extend(ranges.iter().copied());
+                    merge(list);
+                    woken.push(to);
+                }
+            }
+        }
+        woken.sort_unstable();
+        woken.dedup();
+        for to in woken {
+            self.replicas[to].wake.notify_one();
+        }
     }
 
-    async fn membership(self: Arc<Self>) {
+    async fn membership(self: Arc<Self>, r: usize) {
+        let replica = &self.replicas[r];
         let mut backoff = Duration::from_millis(200);
         let mut heartbeat_every = Duration::from_secs(10);
         let mut unreachable_logged = false;
         loop {
-            if !self.registered() {
-                match self.register().await {
+            if !replica.registered.load(Ordering::Relaxed) {
+                match self.register(r).await {
                     Ok(lease) => {
                         heartbeat_every =
                             (lease / 3).clamp(Duration::from_millis(200), Duration::from_secs(10));
@@ -356,7 +448,7 @@ impl Network {
                     }
                     Err(e) => {
                         if !unreachable_logged {
-                            tracing::warn!(host = %self.host.id, error = %e, "cannot register with the scheduler; fetching from the origin, retrying");
+                            tracing::warn!(host = %self.host.id, scheduler = %replica.url, error = %e, "cannot register with the scheduler; retrying (its blobs go to other replicas, or the origin)");
                             unreachable_logged = true;
                         }
                         tokio::time::sleep(backoff).await;
@@ -367,20 +459,22 @@ impl Network {
             }
             let beat = tokio::select! {
                 _ = tokio::time::sleep(heartbeat_every) => true,
-                _ = self.wake.notified() => false,
+                _ = replica.wake.notified() => false,
             };
-            if beat || self.beat_now.swap(false, Ordering::Relaxed) {
-                self.heartbeat().await;
+            if beat || replica.beat_now.swap(false, Ordering::Relaxed) {
+                self.heartbeat(r).await;
             }
-            if self.registered() {
-                self.flush().await;
+            if replica.registered.load(Ordering::Relaxed) {
+                self.flush(r).await;
             }
         }
     }
 
-    /// Registers and announces, in full, everything held.
-    async fn register(&self) -> std::result::Result<Duration, tonic::Status> {
-        let mut scheduler = self.scheduler.clone();
+    /// Registers with replica `r` and announces, in full, what this host holds of the
+    /// blobs `r` owns once it is up.
+    async fn register(&self, r: usize) -> std::result::Result<Duration, tonic::Status> {
+        let replica = &self.replicas[r];
+        let mut scheduler = replica.client.clone();
         let lease = scheduler
             .register(pb::RegisterRequest {
                 host: Some(self.host.clone()),
@@ -388,10 +482,17 @@ impl Network {
             .await?
             .into_inner()
             .lease_ms;
+        let up = |i: usize| i == r || self.replicas[i].registered.load(Ordering::Relaxed);
         let held = {
             let mut state = self.state();
-            state.pending_held.clear();
-            to_pb(&state.held)
+            state.pending[r].held.clear();
+            let owned: HashMap<String, Vec<(u64, u64)>> = state
+                .held
+                .iter()
+                .filter(|(blob, _)| self.ring.owner(blob, up) == Some(r))
+                .map(|(b, ranges)| (b.clone(), ranges.clone()))
+                .collect();
+            to_pb(&owned)
         };
         scheduler
             .announce(pb::AnnounceRequest {
@@ -401,20 +502,21 @@ impl Network {
                 dropped: Vec::new(),
             })
             .await?;
-        self.registered.store(true, Ordering::Relaxed);
-        tracing::info!(host = %self.host.id, address = %self.host.address, "joined the swarm");
+        replica.registered.store(true, Ordering::Relaxed);
+        tracing::info!(host = %self.host.id, address = %self.host.address, scheduler = %replica.url, "joined the swarm");
         Ok(Duration::from_millis(lease.max(1)))
     }
 
-    async fn heartbeat(&self) {
+    async fn heartbeat(&self, r: usize) {
+        let replica = &self.replicas[r];
         let uploads = u32::try_from(self.server.active_uploads()).unwrap_or(u32::MAX);
         let preheats = self
             .preheats
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let answer = self
-            .scheduler
+        let answer = replica
+            .client
             .clone()
             .heartbeat(pb::HeartbeatRequest {
                 host_id: self.host.id.clone(),
@@ -424,27 +526,21 @@ impl Network {
             })
             .await;
         match answer {
-            Ok(r) if r.get_ref().reregister => self.lost("the scheduler asked to re-register"),
-            Ok(r) => self.start_preheats(r.into_inner().preheats),
-            Err(e) => self.lost(e.message()),
+            Ok(a) if a.get_ref().reregister => self.lost(r, "the scheduler asked to re-register"),
+            Ok(a) => self.start_preheats(a.into_inner().preheats),
+            Err(e) => self.lost(r, e.message()),
         }
     }
 
-    /// Sends pending announcements and reports.
-    async fn flush(&self) {
-        let (held, reports) = {
-            let mut state = self.state();
-            (
-                std::mem::take(&mut state.pending_held),
-                std::mem::take(&mut state.pending_reports),
-            )
-        };
-        let mut scheduler = self.scheduler.clone();
-        if !held.is_empty() {
+    /// Sends replica `r` its pending announcements and reports.
+    async fn flush(&self, r: usize) {
+        let pending = std::mem::take(&mut self.state().pending[r]);
+        let mut scheduler = self.replicas[r].client.clone();
+        if !pending.held.is_empty() {
             let sent = scheduler
                 .announce(pb::AnnounceRequest {
                     host_id: self.host.id.clone(),
-                    held: to_pb(&held),
+                    held: to_pb(&pending.held),
                     full: false,
                     dropped: Vec::new(),
                 })
@@ -452,18 +548,18 @@ impl Network {
             // Not lost: `held` has it, and the full announcement after re-registering
             // sends it.
             if let Err(e) = sent {
-                return self.lost(e.message());
+                return self.lost(r, e.message());
             }
         }
-        if !reports.is_empty() {
+        if !pending.reports.is_empty() {
             let sent = scheduler
                 .report(pb::ReportRequest {
                     host_id: self.host.id.clone(),
-                    transfers: reports,
+                    transfers: pending.reports,
                 })
                 .await;
             if let Err(e) = sent {
-                self.lost(e.message());
+                self.lost(r, e.message());
             }
         }
     }
@@ -471,20 +567,23 @@ impl Network {
     /// Records that this host now holds (verified, cached) these ranges of `blob`; they
     /// are announced right away.
     pub fn held(&self, blob: &str, ranges: impl IntoIterator<Item = (u64, u64)>) {
-        {
+        let owner = {
             let mut state = self.state();
             let new: Vec<(u64, u64)> = ranges.into_iter().filter(|(s, e)| s < e).collect();
             if new.is_empty() {
                 return;
             }
-            let state = &mut *state;
-            for map in [&mut state.held, &mut state.pending_held] {
-                let list = map.entry(blob.to_string()).or_default();
-                list.extend(new.iter().copied());
-                merge(list);
-            }
-        }
-        self.wake.notify_one();
+            let list = state.held.entry(blob.to_string()).or_default();
+            list.extend(new.iter().copied());
+            merge(list);
+            // With no replica up, the full announcement at registration carries it.
+            let Some(r) = self.owner(blob) else { return };
+            let list = state.pending[r].held.entry(blob.to_string()).or_default();
+            list.extend(new);
+            merge(list);
+            r
+        };
+        self.replicas[owner].wake.notify_one();
     }
 
     /// Queues a transfer's outcome for the scheduler. `peer` is `None` for the origin.
@@ -500,7 +599,8 @@ impl Network {
         if range.0 >= range.1 {
             return;
         }
-        self.state().pending_reports.push(pb::Transfer {
+        let Some(r) = self.owner(blob) else { return };
+        self.state().pending[r].reports.push(pb::Transfer {
             peer_id: peer.map(|p| p.id.0.clone()).unwrap_or_default(),
             blob: blob.to_string(),
             range: Some(pb::ByteRange {
@@ -511,40 +611,39 @@ impl Network {
             duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
             outcome: outcome.into(),
         });
-        self.wake.notify_one();
+        self.replicas[r].wake.notify_one();
     }
 
-    /// Asks who holds `[start, end)` of `blob`. `None`: no usable answer (not
-    /// registered, the scheduler unreachable or answering nonsense) — use the origin.
+    /// Asks who holds `[start, end)` of `blob` (the replica that owns it; if that one
+    /// fails, the next). `None`: no usable answer (not registered, no replica
+    /// reachable or answering sense) — use the origin.
     pub async fn find_peers(&self, blob: &str, range: (u64, u64)) -> Option<PeerChoice> {
-        if !self.registered() {
-            return None;
-        }
-        let answer = self
-            .scheduler
-            .clone()
-            .find_peers(pb::FindPeersRequest {
-                host_id: self.host.id.clone(),
-                blob: blob.to_string(),
-                range: Some(pb::ByteRange {
-                    start: range.0,
-                    end: range.1,
-                }),
-            })
-            .await;
-        match answer {
-            Ok(r) => match PeerChoice::try_from(r.into_inner()) {
-                Ok(choice) => Some(choice),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the scheduler's answer is invalid; using the origin");
-                    None
-                }
-            },
-            Err(e) => {
-                self.lost(e.message());
-                None
+        for _ in 0..self.replicas.len() {
+            let r = self.owner(blob)?;
+            let answer = self.replicas[r]
+                .client
+                .clone()
+                .find_peers(pb::FindPeersRequest {
+                    host_id: self.host.id.clone(),
+                    blob: blob.to_string(),
+                    range: Some(pb::ByteRange {
+                        start: range.0,
+                        end: range.1,
+                    }),
+                })
+                .await;
+            match answer {
+                Ok(a) => match PeerChoice::try_from(a.into_inner()) {
+                    Ok(choice) => return Some(choice),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the scheduler's answer is invalid; using the origin");
+                        return None;
+                    }
+                },
+                Err(e) => self.lost(r, e.message()),
             }
         }
+        None
     }
 
     /// Opens a stream of the chunks `digests` from `peer`.
@@ -623,19 +722,29 @@ impl Network {
         Ok(client)
     }
 
-    /// Leaves the swarm (shutdown): the scheduler stops sending peers here at once
+    /// Leaves the swarm (shutdown): the schedulers stop sending peers here at once
     /// rather than when the lease runs out.
     pub async fn leave(&self) {
-        if !self.registered.swap(false, Ordering::Relaxed) {
-            return;
+        let leaving = self
+            .replicas
+            .iter()
+            .filter(|r| r.registered.swap(false, Ordering::Relaxed));
+        let calls = leaving.map(|r| {
+            let mut client = r.client.clone();
+            let host_id = self.host.id.clone();
+            async move {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    client.leave(pb::LeaveRequest { host_id }),
+                )
+                .await;
+            }
+        });
+        let mut all = tokio::task::JoinSet::new();
+        for call in calls {
+            all.spawn(call);
         }
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
-            self.scheduler.clone().leave(pb::LeaveRequest {
-                host_id: self.host.id.clone(),
-            }),
-        )
-        .await;
+        while all.join_next().await.is_some() {}
     }
 }
 

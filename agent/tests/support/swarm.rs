@@ -15,6 +15,8 @@ use super::{s, tessera};
 /// Fields drop in order: processes before the namespaces they run in.
 pub struct Swarm {
     pub scheduler: SchedulerProcess,
+    /// More scheduler replicas (none unless made with [`Swarm::with_replicas`]).
+    pub replicas: Vec<SchedulerProcess>,
     /// Kept for its lifetime: dropping it stops the registry.
     _registry: Registry,
     registry_host: NetHost,
@@ -32,6 +34,18 @@ pub struct Swarm {
 impl Swarm {
     /// `count` files of `size` random bytes, converted; the registry capped at `cap`.
     pub fn new(count: u64, size: usize, cap: &str, scheduler_args: &[&str]) -> Swarm {
+        Swarm::with_replicas(count, size, cap, 1, scheduler_args)
+    }
+
+    /// As [`Swarm::new`], with `replicas` schedulers (each on its own host); agents
+    /// are given all of them.
+    pub fn with_replicas(
+        count: u64,
+        size: usize,
+        cap: &str,
+        replicas: usize,
+        scheduler_args: &[&str],
+    ) -> Swarm {
         let t = tempfile::tempdir().unwrap();
         let mut cluster = Cluster::new();
         let registry_host = cluster.add_host("registry");
@@ -43,6 +57,16 @@ impl Swarm {
             t.path().join("scheduler.log"),
             scheduler_args,
         );
+        let replicas = (1..replicas.max(1))
+            .map(|i| {
+                let host = cluster.add_host(&format!("scheduler{i}"));
+                SchedulerProcess::start_in(
+                    &host,
+                    t.path().join(format!("scheduler{i}.log")),
+                    scheduler_args,
+                )
+            })
+            .collect();
         let files: Vec<(String, Vec<u8>)> = (0..count)
             .map(|i| (format!("data/file{i:02}.bin"), pseudo_random(size, 700 + i)))
             .collect();
@@ -75,6 +99,7 @@ impl Swarm {
         let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         Swarm {
             scheduler,
+            replicas,
             image_bytes: summary["pushed_bytes"].as_u64().unwrap(),
             reference: format!("{}/tessera/app:v1", registry.addr),
             _registry: registry,
@@ -94,13 +119,18 @@ impl Swarm {
         let host = self.cluster.add_host(&format!("agent{n}"));
         let peer_listen = format!("{}:7081", host.ip);
         let id = format!("agent{n}");
+        let schedulers: Vec<&str> = std::iter::once(&self.scheduler)
+            .chain(&self.replicas)
+            .map(|s| s.url.as_str())
+            .collect();
+        let schedulers = schedulers.join(",");
         let mut args = vec![
             "--config",
             s(&self.config),
             "--prefetch",
             "none",
             "--scheduler",
-            &self.scheduler.url,
+            &schedulers,
             "--peer-listen",
             &peer_listen,
             "--host-id",
@@ -142,10 +172,14 @@ impl Swarm {
     }
 }
 
-/// Waits until `agent` is registered with the scheduler (or fails after 20 s).
+/// Waits until `agent` is registered with the scheduler, every replica of it (or fails
+/// after 20 s).
 pub fn wait_registered(agent: &AgentProcess) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while agent.status()["swarm"]["registered"] != true {
+    let all = |s: &serde_json::Value| {
+        s["registered"] == true && s["schedulers_registered"] == s["schedulers"]
+    };
+    while !all(&agent.status()["swarm"]) {
         assert!(
             std::time::Instant::now() < deadline,
             "agent never registered:\n{}",
