@@ -144,6 +144,15 @@ fn refuse(status: StatusCode, why: &str) -> Response<Body> {
     json(status, &ErrorBody { error: why })
 }
 
+fn unauthorized(why: &str) -> Response<Body> {
+    let mut resp = refuse(StatusCode::UNAUTHORIZED, why);
+    resp.headers_mut().insert(
+        hyper::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"tessera-scheduler\""),
+    );
+    resp
+}
+
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Body> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
@@ -239,47 +248,45 @@ impl Admin {
 
     /// Answers one request.
     pub async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
-        let Ok(_permit) = self.limit.try_acquire() else {
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many admin requests at once; try again",
-            );
-        };
         let (parts, body) = req.into_parts();
         let path = parts.uri.path().to_string();
+        // Probes first, outside the concurrency limit: a busy API must not fail them.
         match (&parts.method, path.as_str()) {
             (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n".into(), "text/plain"),
             (&Method::GET, "/readyz") => {
                 return if self.ready.load(std::sync::atomic::Ordering::Relaxed) {
                     text(StatusCode::OK, "ready\n".into(), "text/plain")
                 } else {
-                    text(
+                    refuse(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "not ready\n".into(),
-                        "text/plain",
+                        "not ready: the gRPC service is not listening yet",
                     )
                 };
             }
             _ => {}
         }
+        let Ok(_permit) = self.limit.try_acquire() else {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many admin requests at once; try again",
+            );
+        };
         let presented = parts
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
         let Some(presented) = presented else {
-            return refuse(
-                StatusCode::UNAUTHORIZED,
+            return unauthorized(
                 "the admin API requires a bearer token (Authorization: Bearer <token>)",
             );
         };
         let Some(scope) = self.tokens.scope(presented) else {
-            return refuse(
-                StatusCode::UNAUTHORIZED,
-                "the admin API refused the bearer token",
-            );
+            return unauthorized("the admin API refused the bearer token");
         };
-        let needed = if parts.method == Method::GET {
+        let needed = if matches!(parts.method, Method::GET | Method::HEAD) {
             Scope::Read
         } else {
             Scope::Admin
@@ -293,14 +300,26 @@ impl Admin {
         // Read whole but bounded, so a huge body is cut off with a clear answer.
         let body = match Limited::new(body, MAX_BODY).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => {
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 return refuse(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &format!("request body larger than {MAX_BODY} bytes"),
                 )
             }
+            Err(e) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    &format!("could not read the request body: {e}"),
+                )
+            }
         };
-        self.route(&parts.method, &path, &body)
+        // HEAD is answered as GET (hyper sends no body for it).
+        let method = if parts.method == Method::HEAD {
+            Method::GET
+        } else {
+            parts.method.clone()
+        };
+        self.route(&method, &path, &body)
     }
 
     fn route(&self, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
@@ -310,7 +329,8 @@ impl Admin {
             (&Method::GET, ["metrics"]) => text(
                 StatusCode::OK,
                 self.metrics(now),
-                "text/plain; version=0.0.4",
+                // What prometheus-client writes: OpenMetrics text.
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
             ),
             (&Method::GET, ["api", "v1", "hosts"]) => {
                 json(StatusCode::OK, &self.swarm().hosts(now))
@@ -381,12 +401,19 @@ impl Admin {
 
     fn drain(&self, id: &str, drain: bool, now: Instant) -> Response<Body> {
         let host = HostId(id.to_string());
-        if self.swarm().set_draining(&host, drain, now).is_err() {
+        let view = {
+            let mut swarm = self.swarm();
+            swarm
+                .set_draining(&host, drain, now)
+                .ok()
+                .and_then(|()| swarm.host(&host, now))
+        };
+        let Some(view) = view else {
             return refuse(
                 StatusCode::NOT_FOUND,
                 &format!("no registered host {id:?} (GET /api/v1/hosts lists them)"),
             );
-        }
+        };
         tracing::warn!(
             host = id,
             draining = drain,
@@ -397,7 +424,6 @@ impl Admin {
                 "no longer draining"
             }
         );
-        let view = self.swarm().host(&host, now);
         json(StatusCode::OK, &view)
     }
 

@@ -92,7 +92,8 @@ struct ServeArgs {
         value_name = "FILE"
     )]
     admin_read_token_file: Option<std::path::PathBuf>,
-    /// Where what outlives a restart (the blocklist) is kept.
+    /// Where what outlives a restart (the blocklist, preheat jobs) is kept; used only
+    /// with --admin-listen.
     #[arg(
         long,
         env = "TESSERA_SCHEDULER_STATE_DIR",

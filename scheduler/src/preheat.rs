@@ -2,8 +2,8 @@
 //! the scheduler picks the hosts and hands each the job in its next heartbeat answer,
 //! and the agents fetch the whole image into their caches with their *own* registry
 //! credentials (the scheduler never holds any). Agents report progress in their
-//! heartbeats; a job ends `succeeded` when every chosen host finished, `failed` when any
-//! failed, left the swarm, or the job ran past its deadline.
+//! heartbeats. A job ends when every chosen host has finished: `succeeded` if all did,
+//! `failed` if any failed, left the swarm, or ran past the job's deadline.
 //!
 //! Jobs outlive a restart (they are kept in the [`Store`]); unfinished ones are handed
 //! out again as hosts re-register, and agents that still run them ignore the repeat.

@@ -129,8 +129,20 @@ fn request(
     token: Option<&str>,
     body: &[u8],
 ) -> (u16, String) {
+    let (status, _, body) = exchange(addr, method, path, token, body);
+    (status, body)
+}
+
+/// One HTTP/1.1 request over a fresh connection: (status, head, body).
+fn exchange(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String, String) {
     let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     };
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -141,7 +153,7 @@ fn request(
         body.len()
     );
     if stream.write_all(head.as_bytes()).is_err() {
-        return (0, String::new());
+        return (0, String::new(), String::new());
     }
     // The server may answer (413) before reading all of a huge body.
     let _ = stream.write_all(body);
@@ -153,11 +165,8 @@ fn request(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (status, head.to_lowercase(), body.to_string())
 }
 
 fn host(id: &str, zone: &str) -> pb::Host {
@@ -251,8 +260,21 @@ fn every_endpoint_but_health_refuses_a_missing_or_wrong_token() {
             assert!(why["error"].as_str().unwrap().contains("token"), "{body}");
         }
     }
+    let (_, head, _) = exchange(&s.admin, "GET", "/api/v1/hosts", None, b"");
+    assert!(head.contains("www-authenticate: bearer"), "{head}");
     // The read token reads but changes nothing.
     assert_eq!(s.get("/api/v1/hosts", READ_TOKEN).0, 200);
+    let (status, head, _) = exchange(&s.admin, "GET", "/metrics", Some(READ_TOKEN), b"");
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    // HEAD is a read.
+    assert_eq!(
+        request(&s.admin, "HEAD", "/api/v1/stats", Some(READ_TOKEN), b"").0,
+        200
+    );
     for (method, path) in endpoints.iter().filter(|(m, _)| *m == "POST") {
         let (status, body) = request(&s.admin, method, path, Some(READ_TOKEN), preheat);
         assert_eq!(status, 403, "{method} {path}: {body}");
