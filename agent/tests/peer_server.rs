@@ -151,6 +151,10 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
         .unwrap()
         .block_on(async {
             let token = Token::new("cluster-secret").unwrap();
+            let token_dir = tempfile::tempdir().unwrap();
+            let token_path = token_dir.path().join("token");
+            std::fs::write(&token_path, "cluster-secret\n").unwrap();
+            let token_file = tessera_proto::auth::TokenFile::open(&token_path).unwrap();
             let mut urls = Vec::new();
             for corrupt in [false, true] {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -163,7 +167,7 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                         corrupt,
                     },
                 );
-                tokio::spawn(server.serve(listener, Some(token.clone()), None));
+                tokio::spawn(server.serve(listener, Some(token_file.clone()), None));
             }
             let channel = |url: String| async move {
                 tonic::transport::Endpoint::from_shared(url)

@@ -31,7 +31,6 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
-use tessera_proto::auth::Token;
 use tessera_proto::domain::HostId;
 use tokio::sync::Semaphore;
 
@@ -67,7 +66,7 @@ impl AdminTokens {
     /// request.
     pub fn check(&self) -> Result<(), Error> {
         for path in std::iter::once(&self.admin).chain(&self.read) {
-            Token::from_file(path).map_err(|cause| Error::TokenFile {
+            tessera_proto::auth::read_tokens(path).map_err(|cause| Error::TokenFile {
                 path: path.clone(),
                 cause,
             })?;
@@ -77,7 +76,11 @@ impl AdminTokens {
 
     /// The scope `presented` grants, if any.
     fn scope(&self, presented: &str) -> Option<Scope> {
-        let matches = |path: &PathBuf| Token::from_file(path).is_ok_and(|t| t.matches(presented));
+        // Any line of the file, so tokens rotate without refusing anyone.
+        let matches = |path: &PathBuf| {
+            tessera_proto::auth::read_tokens(path)
+                .is_ok_and(|tokens| tokens.iter().fold(false, |ok, t| t.matches(presented) | ok))
+        };
         if matches(&self.admin) {
             Some(Scope::Admin)
         } else if self.read.as_ref().is_some_and(matches) {

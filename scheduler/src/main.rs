@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use tessera_proto::auth::{RequireBearer, Token};
+use tessera_proto::auth::{RequireBearer, TokenFile};
 use tessera_proto::domain::HostId;
 use tessera_proto::pb::scheduler_server::SchedulerServer;
 use tessera_scheduler::admin::{Admin, AdminTokens};
@@ -121,7 +121,7 @@ fn main() -> anyhow::Result<()> {
 fn serve(cli: ServeArgs) -> anyhow::Result<()> {
     let token = match &cli.token_file {
         Some(path) => Some(
-            Token::from_file(path)
+            TokenFile::open(path)
                 .with_context(|| format!("read the token file {}", path.display()))?,
         ),
         None => None,
@@ -211,7 +211,7 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         }
         let service = SchedulerServer::with_interceptor(
             SchedulerService::new(swarm, preheats),
-            RequireBearer::new(token, "scheduler"),
+            RequireBearer::from_file(token, "scheduler"),
         );
         let listener = tokio::net::TcpListener::bind(cli.listen)
             .await

@@ -153,7 +153,7 @@ fn join_swarm(
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
-            tessera_proto::auth::Token::from_file(path)
+            tessera_proto::auth::TokenFile::open(path)
                 .map_err(|e| Error::io("read p2p token", path, e))?,
         ),
         None => None,

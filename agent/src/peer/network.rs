@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rafs_format::chunk::DigestAlgo;
-use tessera_proto::auth::{AddBearer, Token};
+use tessera_proto::auth::{AddBearer, TokenFile};
 use tessera_proto::domain::{Peer, PeerChoice};
 use tessera_proto::pb;
 use tessera_proto::pb::peer_service_client::PeerServiceClient;
@@ -199,13 +199,13 @@ impl Network {
         let address = config.advertised().ok_or_else(|| {
             Error::Agent("p2p: set p2p.advertise to the ip:port peers reach this node at".into())
         })?;
-        let token = match &config.token_file {
-            Some(path) => {
-                Some(Token::from_file(path).map_err(|e| Error::io("read p2p token", path, e))?)
-            }
-            None => None,
-        };
-        let auth = AddBearer::new(token.as_ref()).map_err(|e| Error::Agent(format!("p2p: {e}")))?;
+        let auth = match &config.token_file {
+            Some(path) => AddBearer::from_file(
+                TokenFile::open(path).map_err(|e| Error::io("read p2p token", path, e))?,
+            ),
+            None => AddBearer::new(None),
+        }
+        .map_err(|e| Error::Agent(format!("p2p: {e}")))?;
         let tls = tls_client(config)?;
         let mut replicas = Vec::with_capacity(urls.len());
         for url in &urls {

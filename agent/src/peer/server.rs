@@ -79,14 +79,14 @@ impl PeerServer {
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
-        token: Option<tessera_proto::auth::Token>,
+        token: Option<tessera_proto::auth::TokenFile>,
         tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> crate::Result<()> {
         use tessera_proto::pb::peer_service_server::PeerServiceServer;
         let addr = listener.local_addr().ok();
         let service = PeerServiceServer::with_interceptor(
             self,
-            tessera_proto::auth::RequireBearer::new(token, "peer service"),
+            tessera_proto::auth::RequireBearer::from_file(token, "peer service"),
         );
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = tls {
