@@ -205,7 +205,12 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
             tls = tls.is_some(),
             "scheduler ready"
         );
-        let mut server = tonic::transport::Server::builder();
+        // A flood is bounded: requests at once per connection, streams per connection,
+        // and time per request (every call is small; a stuck one must not pile up).
+        let mut server = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(256)
+            .max_concurrent_streams(Some(512))
+            .timeout(Duration::from_secs(10));
         if let Some(tls) = tls {
             server = server.tls_config(tls).context("configure TLS")?;
         }

@@ -95,6 +95,8 @@ impl PeerServer {
                 .map_err(|e| crate::Error::Agent(format!("peer service TLS: {e}")))?;
         }
         builder
+            // Uploads are bounded by `max_uploads`; this bounds what a flood can open.
+            .max_concurrent_streams(Some(256))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
