@@ -1,21 +1,47 @@
-//! Scheduler benchmark: peer lookups per second and their latency (p50, p99) in a swarm
-//! of 10,000 simulated hosts that each announced 1,000 blobs — in process against the
-//! `Swarm` itself, and through the real gRPC service on 127.0.0.1 with concurrent
-//! clients. The baseline, measured in the same run, is the same workload on a swarm of
-//! 100 hosts: the ratios show what swarm size costs a lookup.
+//! Scheduler benchmark on a swarm of 10,000 simulated hosts that each announced 1,000
+//! blobs. The baseline, measured in the same run, is the same workload on a swarm of
+//! 100 hosts: the ratios show what swarm size costs.
 //!
-//! `make bench-scheduler`; `TESSERA_BENCH_SCALE=0.1` shrinks the big swarm.
+//! - Peer lookups per second and their latency (p50, p99), in process against the
+//!   `Swarm` itself, and through the real gRPC service on 127.0.0.1 with concurrent
+//!   clients.
+//! - The real admin API on 127.0.0.1, from concurrent clients on keep-alive HTTP/1.1
+//!   connections: requests per second, latency and response size of
+//!   `GET /api/v1/stats`, `GET /api/v1/hosts/{id}` (random hosts), `GET /api/v1/hosts`
+//!   (the whole list, so fewer requests), `GET /metrics`, and `POST
+//!   /api/v1/hosts/{id}/block` + `/unblock` pairs (each a sled write and flush).
+//! - gRPC lookups while a client reads `GET /api/v1/hosts` in a loop, against lookups
+//!   alone: the admin API and the gRPC service share one `Mutex<Swarm>`, so the ratio
+//!   is what admin reads cost the hot path.
+//!
+//! The scheduler (both services over one swarm, wired as its binary wires them) runs on
+//! a Tokio runtime of its own and the clients on another, like two processes sharing
+//! the machine's cores.
+//!
+//! `make bench-scheduler`; `TESSERA_BENCH_SCALE=0.1` shrinks the big swarm and the
+//! admin request counts.
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tessera_benches::{fmt_bytes, machine_summary, peak_rss_bytes, ratio, scale, Rng, Table};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::header::{AUTHORIZATION, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use tessera_benches::{
+    fmt_bytes, fmt_duration, machine_summary, measure, peak_rss_bytes, ratio, scale, Rng, Table,
+};
 use tessera_proto::domain::{Announce, BlobDigest, BlobRanges, ByteRange, FindPeers, Host, HostId};
 use tessera_proto::pb;
+use tessera_scheduler::admin::{Admin, AdminTokens};
 use tessera_scheduler::preheat::Preheats;
 use tessera_scheduler::service::SchedulerService;
+use tessera_scheduler::store::Store;
 use tessera_scheduler::swarm::{Decision, Swarm, SwarmConfig};
 
 const BLOBS: usize = 1_000;
@@ -64,6 +90,7 @@ fn build(hosts: usize, rng: &mut Rng) -> (Swarm, Duration) {
                         }
                     })
                     .collect(),
+                size: Some(BLOB_BYTES),
             })
             .collect();
         swarm
@@ -73,6 +100,7 @@ fn build(hosts: usize, rng: &mut Rng) -> (Swarm, Duration) {
                     held,
                     dropped: Vec::new(),
                     full: false,
+                    images: Vec::new(),
                 },
                 now,
             )
@@ -93,21 +121,37 @@ fn query(hosts: usize, rng: &mut Rng) -> FindPeers {
     }
 }
 
+/// Throughput and latency of one workload.
 struct Figures {
     per_sec: f64,
     p50: Duration,
     p99: Duration,
-    peers_found: f64,
+    /// What a request yielded on average: for lookups the share answered with peers,
+    /// for admin requests the bytes of the response.
+    per_request: f64,
+    requests: usize,
 }
 
-fn figures(mut samples: Vec<Duration>, elapsed: Duration, found: usize) -> Figures {
+fn figures(mut samples: Vec<Duration>, elapsed: Duration, total: f64) -> Figures {
     samples.sort_unstable();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
     Figures {
         per_sec: samples.len() as f64 / elapsed.as_secs_f64(),
         p50: at(0.50),
         p99: at(0.99),
-        peers_found: found as f64 / samples.len() as f64,
+        per_request: total / samples.len() as f64,
+        requests: samples.len(),
+    }
+}
+
+/// "12345", "12.3", "0.48": rates of slow requests keep their digits.
+fn fmt_rate(per_sec: f64) -> String {
+    if per_sec >= 100.0 {
+        format!("{per_sec:.0}")
+    } else if per_sec >= 10.0 {
+        format!("{per_sec:.1}")
+    } else {
+        format!("{per_sec:.2}")
     }
 }
 
@@ -127,67 +171,309 @@ fn in_process(swarm: &mut Swarm, hosts: usize, lookups: usize) -> Figures {
             found += 1;
         }
     }
-    figures(samples, started.elapsed(), found)
+    figures(samples, started.elapsed(), f64::from(found))
 }
 
-/// Lookups through the gRPC service on 127.0.0.1 from `clients` concurrent clients.
-fn over_grpc(swarm: Swarm, hosts: usize, lookups: usize, clients: usize) -> Figures {
+/// The admin token the benchmark's clients present.
+const TOKEN: &str = "bench-admin-token";
+
+/// The scheduler as its binary wires it: the gRPC service and the admin API over one
+/// `Mutex<Swarm>`, on a runtime of their own.
+struct Scheduler {
+    /// Runs both services; dropping it stops them.
+    _rt: tokio::runtime::Runtime,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    /// The admin store (sled) and the token file; declared after the runtime, so the
+    /// services stop before it is deleted.
+    _dir: tempfile::TempDir,
+}
+
+fn start(swarm: Swarm) -> Scheduler {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let store = Store::open(&dir.path().join("state")).unwrap();
+    let (grpc, admin) = rt.block_on(async move {
+        let swarm = Arc::new(Mutex::new(swarm));
         let preheats = Arc::new(Mutex::new(Preheats::open(None).unwrap()));
-        let service = SchedulerService::new(Arc::new(Mutex::new(swarm)), preheats);
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_addr = grpc.local_addr().unwrap();
+        let service = SchedulerService::new(swarm.clone(), preheats.clone());
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(pb::scheduler_server::SchedulerServer::new(service))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(grpc)),
         );
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
+        let tokens = AdminTokens {
+            admin: token,
+            read: None,
+        };
+        let admin = Admin::new(swarm, preheats, store, tokens).unwrap();
+        admin.ready.store(true, Ordering::Relaxed);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = listener.local_addr().unwrap();
+        tokio::spawn(admin.serve(listener));
+        (grpc_addr, admin_addr)
+    });
+    Scheduler {
+        _rt: rt,
+        grpc,
+        admin,
+        _dir: dir,
+    }
+}
+
+/// Lookups through the gRPC service from `clients` concurrent clients.
+async fn over_grpc(addr: SocketAddr, hosts: usize, lookups: usize, clients: usize) -> Figures {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let mut client = pb::scheduler_client::SchedulerClient::new(channel.clone());
+        let per_client = lookups / clients;
+        tasks.spawn(async move {
+            let mut rng = Rng::new(100 + c as u64);
+            let mut samples = Vec::with_capacity(per_client);
+            let mut found = 0;
+            for _ in 0..per_client {
+                let q = query(hosts, &mut rng);
+                let t = Instant::now();
+                let answer = client
+                    .find_peers(pb::FindPeersRequest {
+                        host_id: q.host.0,
+                        blob: q.blob.0,
+                        range: Some(q.range.into()),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                samples.push(t.elapsed());
+                if answer.action == pb::Action::Peers as i32 {
+                    found += 1;
+                }
+            }
+            (samples, found)
+        });
+    }
+    let mut samples = Vec::new();
+    let mut found = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (s, f) = r.unwrap();
+        samples.extend(s);
+        found += f;
+    }
+    figures(samples, started.elapsed(), f64::from(found))
+}
+
+/// One keep-alive HTTP/1.1 connection to the admin API.
+struct AdminClient {
+    sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+}
+
+impl AdminClient {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .unwrap();
-        let started = Instant::now();
-        let mut tasks = tokio::task::JoinSet::new();
-        for c in 0..clients {
-            let mut client = pb::scheduler_client::SchedulerClient::new(channel.clone());
-            let per_client = lookups / clients;
-            tasks.spawn(async move {
-                let mut rng = Rng::new(100 + c as u64);
-                let mut samples = Vec::with_capacity(per_client);
-                let mut found = 0;
-                for _ in 0..per_client {
-                    let q = query(hosts, &mut rng);
-                    let t = Instant::now();
-                    let answer = client
-                        .find_peers(pb::FindPeersRequest {
-                            host_id: q.host.0,
-                            blob: q.blob.0,
-                            range: Some(q.range.into()),
-                        })
-                        .await
-                        .unwrap()
-                        .into_inner();
-                    samples.push(t.elapsed());
-                    if answer.action == pb::Action::Peers as i32 {
-                        found += 1;
+        tokio::spawn(conn);
+        AdminClient { sender }
+    }
+
+    /// Sends one request and reads the whole answer; returns its size. Anything but
+    /// 200 fails the benchmark: a refusal measured as a success would flatter it.
+    async fn send(&mut self, method: Method, path: &str) -> usize {
+        self.sender.ready().await.unwrap();
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(HOST, "127.0.0.1")
+            .header(AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .body(Empty::new())
+            .unwrap();
+        let response = self.sender.send_request(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        body.len()
+    }
+}
+
+/// The admin requests measured.
+#[derive(Debug, Clone, Copy)]
+enum AdminOp {
+    Stats,
+    Host,
+    Hosts,
+    Metrics,
+    BlockUnblock,
+}
+
+const ADMIN_OPS: [AdminOp; 5] = [
+    AdminOp::Stats,
+    AdminOp::Host,
+    AdminOp::Hosts,
+    AdminOp::Metrics,
+    AdminOp::BlockUnblock,
+];
+
+/// Concurrent admin clients, each on its own connection: a few dashboards and scripts,
+/// well under the API's limit of requests served at once.
+const ADMIN_CLIENTS: usize = 4;
+
+impl AdminOp {
+    fn label(self) -> &'static str {
+        match self {
+            AdminOp::Stats => "GET /api/v1/stats",
+            AdminOp::Host => "GET /api/v1/hosts/{id}",
+            AdminOp::Hosts => "GET /api/v1/hosts",
+            AdminOp::Metrics => "GET /metrics",
+            AdminOp::BlockUnblock => "POST …/block, …/unblock",
+        }
+    }
+
+    /// Requests at full scale: few for the whole host list, which takes seconds with
+    /// 10,000 hosts; block and unblock wait for a sled flush each.
+    fn requests(self) -> usize {
+        let full = match self {
+            AdminOp::Stats | AdminOp::Host | AdminOp::Metrics => 20_000,
+            AdminOp::Hosts => 20,
+            AdminOp::BlockUnblock => 2_000,
+        };
+        ((full as f64 * scale()) as usize).max(ADMIN_CLIENTS * 2)
+    }
+}
+
+/// `op` against the admin API from [`ADMIN_CLIENTS`] concurrent connections; block
+/// and unblock are timed as separate requests.
+async fn admin_load(addr: SocketAddr, op: AdminOp, hosts: usize) -> Figures {
+    let mut conns = Vec::with_capacity(ADMIN_CLIENTS);
+    for _ in 0..ADMIN_CLIENTS {
+        conns.push(AdminClient::connect(addr).await);
+    }
+    let per_client = op.requests() / ADMIN_CLIENTS;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (c, mut conn) in conns.into_iter().enumerate() {
+        tasks.spawn(async move {
+            let mut rng = Rng::new(200 + c as u64);
+            let mut samples = Vec::with_capacity(per_client);
+            let mut bytes = 0;
+            while samples.len() < per_client {
+                let random_host = |rng: &mut Rng| host_id(rng.below(hosts as u64) as usize).0;
+                let requests = match op {
+                    AdminOp::Stats => vec![(Method::GET, "/api/v1/stats".to_string())],
+                    AdminOp::Host => vec![(
+                        Method::GET,
+                        format!("/api/v1/hosts/{}", random_host(&mut rng)),
+                    )],
+                    AdminOp::Hosts => vec![(Method::GET, "/api/v1/hosts".to_string())],
+                    AdminOp::Metrics => vec![(Method::GET, "/metrics".to_string())],
+                    AdminOp::BlockUnblock => {
+                        // Each client blocks only its own hosts (c, c + clients, …), so
+                        // its unblock always finds its block.
+                        let mine = (hosts / ADMIN_CLIENTS) as u64;
+                        let id = host_id(c + ADMIN_CLIENTS * rng.below(mine) as usize).0;
+                        ["block", "unblock"]
+                            .map(|a| (Method::POST, format!("/api/v1/hosts/{id}/{a}")))
+                            .to_vec()
                     }
+                };
+                for (method, path) in requests {
+                    let t = Instant::now();
+                    bytes += conn.send(method, &path).await;
+                    samples.push(t.elapsed());
                 }
-                (samples, found)
-            });
+            }
+            (samples, bytes)
+        });
+    }
+    let mut samples = Vec::new();
+    let mut bytes = 0;
+    while let Some(r) = tasks.join_next().await {
+        let (s, b) = r.unwrap();
+        samples.extend(s);
+        bytes += b;
+    }
+    figures(samples, started.elapsed(), bytes as f64)
+}
+
+/// gRPC lookups while one client reads `GET /api/v1/hosts` back to back; returns the
+/// lookups, and the host-list reads served meanwhile.
+async fn lookups_under_admin_reads(
+    s: &Scheduler,
+    hosts: usize,
+    lookups: usize,
+    clients: usize,
+) -> (Figures, Figures) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut reader = AdminClient::connect(s.admin).await;
+    let reads = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut samples, mut bytes) = (Vec::new(), 0);
+            let started = Instant::now();
+            loop {
+                let t = Instant::now();
+                bytes += reader.send(Method::GET, "/api/v1/hosts").await;
+                samples.push(t.elapsed());
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+            }
+            figures(samples, started.elapsed(), bytes as f64)
         }
-        let mut samples = Vec::new();
-        let mut found = 0;
-        while let Some(r) = tasks.join_next().await {
-            let (s, f) = r.unwrap();
-            samples.extend(s);
-            found += f;
+    });
+    let found = over_grpc(s.grpc, hosts, lookups, clients).await;
+    stop.store(true, Ordering::Relaxed);
+    (found, reads.await.unwrap())
+}
+
+/// Everything measured against one running scheduler.
+struct Served {
+    grpc: Figures,
+    admin: Vec<(AdminOp, Figures)>,
+    contended: Figures,
+    reads_meanwhile: Figures,
+}
+
+const GRPC_LOOKUPS: usize = 40_000;
+const GRPC_CLIENTS: usize = 8;
+/// Lookups while the host list is read back to back: few, because with 10,000 hosts
+/// each read holds the swarm's lock for seconds and the lookups wait.
+const CONTENDED_LOOKUPS: usize = 400;
+
+fn serve_and_measure(clients: &tokio::runtime::Runtime, swarm: Swarm, hosts: usize) -> Served {
+    let s = start(swarm);
+    clients.block_on(async {
+        let grpc = over_grpc(s.grpc, hosts, GRPC_LOOKUPS, GRPC_CLIENTS).await;
+        let mut admin = Vec::new();
+        for op in ADMIN_OPS {
+            admin.push((op, admin_load(s.admin, op, hosts).await));
         }
-        figures(samples, started.elapsed(), found)
+        let (contended, reads_meanwhile) =
+            lookups_under_admin_reads(&s, hosts, CONTENDED_LOOKUPS, GRPC_CLIENTS).await;
+        Served {
+            grpc,
+            admin,
+            contended,
+            reads_meanwhile,
+        }
     })
 }
 
@@ -204,9 +490,16 @@ fn main() {
     let lookups = 200_000;
     let base = in_process(&mut baseline, small, lookups);
     let local = in_process(&mut swarm, big, lookups);
-    let grpc_lookups = 40_000;
-    let base_grpc = over_grpc(baseline, small, grpc_lookups, 8);
-    let grpc = over_grpc(swarm, big, grpc_lookups, 8);
+    // What `GET /api/v1/hosts` does under the swarm's lock before it serialises.
+    let list_small = measure(3, || baseline.hosts(Instant::now()));
+    let list_big = measure(3, || swarm.hosts(Instant::now()));
+
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let base_served = serve_and_measure(&clients, baseline, small);
+    let served = serve_and_measure(&clients, swarm, big);
 
     let mut t = Table::new(
         &format!("peer lookups: {big} hosts × {BLOBS} blobs vs a {small}-host baseline"),
@@ -227,14 +520,15 @@ fn main() {
             format!("{:.0}", f.per_sec),
             format!("{:.1} µs", f.p50.as_secs_f64() * 1e6),
             format!("{:.1} µs", f.p99.as_secs_f64() * 1e6),
-            format!("{:.0}%", f.peers_found * 100.0),
+            format!("{:.0}%", f.per_request * 100.0),
             ratio(f.per_sec / b.per_sec),
         ]);
     };
+    let grpc = format!("gRPC, {GRPC_CLIENTS} clients");
     row(&mut t, "in process", small, &base, &base);
     row(&mut t, "in process", big, &local, &base);
-    row(&mut t, "gRPC, 8 clients", small, &base_grpc, &base_grpc);
-    row(&mut t, "gRPC, 8 clients", big, &grpc, &base_grpc);
+    row(&mut t, &grpc, small, &base_served.grpc, &base_served.grpc);
+    row(&mut t, &grpc, big, &served.grpc, &base_served.grpc);
     t.note(format!(
         "{} holdings ({big} hosts × {BLOBS} blobs) built in {:.1} s; memory for the big swarm ≈ {}",
         big * BLOBS,
@@ -242,5 +536,83 @@ fn main() {
         fmt_bytes(rss)
     ));
     t.note("a lookup asks for 1 MiB of a random blob from a random host; each host holds 1-3 ranges of 1-8 MiB per 64 MiB blob");
+    t.print();
+
+    let mut t = Table::new(
+        &format!(
+            "admin API, {ADMIN_CLIENTS} keep-alive clients: {big} hosts vs a {small}-host baseline"
+        ),
+        &[
+            "request",
+            "swarm",
+            "requests",
+            "requests/s",
+            "p50",
+            "p99",
+            "response",
+            "vs baseline (requests/s)",
+        ],
+    );
+    for ((op, b), (_, f)) in base_served.admin.iter().zip(&served.admin) {
+        for (hosts, f) in [(small, b), (big, f)] {
+            t.row(vec![
+                op.label().into(),
+                format!("{hosts} hosts"),
+                f.requests.to_string(),
+                fmt_rate(f.per_sec),
+                fmt_duration(f.p50),
+                fmt_duration(f.p99),
+                fmt_bytes(f.per_request as u64),
+                ratio(f.per_sec / b.per_sec),
+            ]);
+        }
+    }
+    t.note("every request carries the admin token (the API reads its token file on each request); block and unblock each write the blocklist to sled and flush it, and are counted as two requests");
+    t.note(format!(
+        "Swarm::hosts() alone, in process (built under the swarm's lock, before serialising): {} for {small} hosts, {} for {big} hosts",
+        fmt_duration(list_small.median),
+        fmt_duration(list_big.median)
+    ));
+    t.print();
+
+    let mut t = Table::new(
+        &format!(
+            "gRPC lookups ({GRPC_CLIENTS} clients) while one admin client reads GET /api/v1/hosts back to back"
+        ),
+        &[
+            "admin load",
+            "swarm",
+            "lookups",
+            "lookups/s",
+            "p50",
+            "p99",
+            "host lists read meanwhile",
+            "vs lookups alone (lookups/s)",
+        ],
+    );
+    for (hosts, s) in [(small, &base_served), (big, &served)] {
+        for (label, f, reads) in [
+            ("none", &s.grpc, None),
+            (
+                "GET /api/v1/hosts in a loop",
+                &s.contended,
+                Some(&s.reads_meanwhile),
+            ),
+        ] {
+            t.row(vec![
+                label.into(),
+                format!("{hosts} hosts"),
+                f.requests.to_string(),
+                fmt_rate(f.per_sec),
+                fmt_duration(f.p50),
+                fmt_duration(f.p99),
+                reads.map_or("-".into(), |r| {
+                    format!("{}/s, p50 {}", fmt_rate(r.per_sec), fmt_duration(r.p50))
+                }),
+                ratio(f.per_sec / s.grpc.per_sec),
+            ]);
+        }
+    }
+    t.note("the admin API and the gRPC service share one Mutex<Swarm>; the host list is built and serialised while it is held");
     t.print();
 }

@@ -132,6 +132,19 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
         );
     }
 
+    // The scheduler knows the image now: used, and held whole, by the three hosts.
+    let images = json(&admin(&swarm, &token, &["images"]));
+    let image = &images[0];
+    assert_eq!(image["hosts"], 3, "{images}");
+    assert_eq!(image["complete_hosts"], 3, "{images}");
+    assert!(
+        image["image"]
+            .as_str()
+            .unwrap()
+            .contains("tessera/app:v1@sha256:"),
+        "{images}"
+    );
+
     // A job that cannot succeed fails, saying which host failed and why.
     let missing = swarm
         .reference

@@ -176,6 +176,8 @@ impl From<Host> for pb::Host {
 pub struct BlobRanges {
     pub blob: BlobDigest,
     pub ranges: Vec<ByteRange>,
+    /// The whole blob's size, when the announcer knows it.
+    pub size: Option<u64>,
 }
 
 impl TryFrom<pb::BlobRanges> for BlobRanges {
@@ -198,9 +200,19 @@ impl TryFrom<pb::BlobRanges> for BlobRanges {
                 _ => merged.push(r),
             }
         }
+        let size = (b.size > 0).then_some(b.size);
+        if let (Some(size), Some(last)) = (size, merged.last()) {
+            if last.end > size {
+                return Err(Invalid::new(
+                    "ranges",
+                    format!("a range ends at {} past the blob's size {size}", last.end),
+                ));
+            }
+        }
         Ok(BlobRanges {
             blob,
             ranges: merged,
+            size,
         })
     }
 }
@@ -219,6 +231,49 @@ pub struct Announce {
     pub held: Vec<BlobRanges>,
     pub dropped: Vec<BlobRanges>,
     pub full: bool,
+    /// Images the host uses and their blobs.
+    pub images: Vec<ImageBlobs>,
+}
+
+/// An image a host uses and the blobs it is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageBlobs {
+    pub image: String,
+    pub blobs: Vec<BlobDigest>,
+}
+
+/// Most blobs one image may name (more than any real image has layers).
+const MAX_IMAGE_BLOBS: usize = 1024;
+
+impl TryFrom<pb::ImageBlobs> for ImageBlobs {
+    type Error = Invalid;
+    fn try_from(i: pb::ImageBlobs) -> Result<Self, Invalid> {
+        if i.image.is_empty()
+            || i.image.len() > 1024
+            || i.image.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(Invalid::new(
+                "image",
+                "an image reference of 1 to 1024 characters without spaces",
+            ));
+        }
+        if i.blobs.len() > MAX_IMAGE_BLOBS {
+            return Err(Invalid::new(
+                "blobs",
+                format!("more than {MAX_IMAGE_BLOBS} blobs"),
+            ));
+        }
+        let blobs = i
+            .blobs
+            .into_iter()
+            .enumerate()
+            .map(|(n, b)| BlobDigest::parse(&format!("blobs[{n}]"), b))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ImageBlobs {
+            image: i.image,
+            blobs,
+        })
+    }
 }
 
 impl TryFrom<pb::AnnounceRequest> for Announce {
@@ -229,6 +284,12 @@ impl TryFrom<pb::AnnounceRequest> for Announce {
             held: blob_ranges("held", a.held)?,
             dropped: blob_ranges("dropped", a.dropped)?,
             full: a.full,
+            images: a
+                .images
+                .into_iter()
+                .enumerate()
+                .map(|(n, i)| ImageBlobs::try_from(i).map_err(|e| e.within(format!("images[{n}]"))))
+                .collect::<Result<Vec<_>, _>>()?,
         })
     }
 }
@@ -662,9 +723,11 @@ mod tests {
                     pb::ByteRange { start: 0, end: 10 },
                     pb::ByteRange { start: 30, end: 40 },
                 ],
+                size: 0,
             }],
             full: true,
             dropped: vec![],
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(
@@ -680,17 +743,41 @@ mod tests {
                 pb::BlobRanges {
                     blob: digest('a'),
                     ranges: vec![],
+                    size: 0,
                 },
                 pb::BlobRanges {
                     blob: digest('b'),
                     ranges: vec![pb::ByteRange { start: 5, end: 5 }],
+                    size: 0,
                 },
             ],
             full: false,
             dropped: vec![],
+            ..Default::default()
         })
         .unwrap_err();
         assert_eq!(e.field, "held[1].ranges[0]", "{e}");
+        let e = Announce::try_from(pb::AnnounceRequest {
+            host_id: "h".into(),
+            held: vec![pb::BlobRanges {
+                blob: digest('a'),
+                ranges: vec![pb::ByteRange { start: 0, end: 11 }],
+                size: 10,
+            }],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "held[0].ranges", "{e}");
+        let e = Announce::try_from(pb::AnnounceRequest {
+            host_id: "h".into(),
+            images: vec![pb::ImageBlobs {
+                image: "reg/app:v1".into(),
+                blobs: vec![digest('a'), "md5:x".into()],
+            }],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.field, "images[0].blobs[1]", "{e}");
         let e = BlobDigest::parse("blob", "sha256:ABC".into()).unwrap_err();
         assert_eq!(e.field, "blob");
     }

@@ -7,8 +7,8 @@
 //!   everything, the read token (if configured) for `GET`s only. Token files are read
 //!   again on every request, so tokens rotate without a restart.
 //! - `GET /metrics`: Prometheus text, `tessera_scheduler_*`.
-//! - `GET /api/v1/hosts`, `/api/v1/hosts/{id}`, `/api/v1/blobs`, `/api/v1/stats`,
-//!   `/api/v1/blocklist`.
+//! - `GET /api/v1/hosts`, `/api/v1/hosts/{id}`, `/api/v1/blobs`, `/api/v1/images`,
+//!   `/api/v1/stats`, `/api/v1/blocklist`.
 //! - `POST /api/v1/hosts/{id}/block` and `/unblock`: a blocked host is never offered as
 //!   a peer; the blocklist is kept in the store across restarts.
 //! - `POST /api/v1/hosts/{id}/drain` and `/undrain`: a draining host is not offered
@@ -345,6 +345,7 @@ impl Admin {
                 }
             }
             (&Method::GET, ["api", "v1", "blobs"]) => json(StatusCode::OK, &self.swarm().blobs()),
+            (&Method::GET, ["api", "v1", "images"]) => json(StatusCode::OK, &self.swarm().images()),
             (&Method::GET, ["api", "v1", "stats"]) => {
                 json(StatusCode::OK, &self.swarm().stats(now))
             }

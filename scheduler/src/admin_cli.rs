@@ -37,8 +37,10 @@ enum Action {
     Hosts,
     /// One host in full.
     Host { id: String },
-    /// Blobs and how many hosts hold each.
+    /// Blobs and how many hosts hold each (whole, when their size is known).
     Blobs,
+    /// Images hosts use, and on how many each is complete.
+    Images,
     /// Swarm totals: peer vs origin bytes, the offload ratio, lookups.
     Stats,
     /// Blocked hosts.
@@ -136,6 +138,7 @@ pub fn run(args: AdminArgs) -> Result<()> {
         Action::Hosts => ("GET", "/api/v1/hosts".to_string()),
         Action::Host { id } => ("GET", format!("/api/v1/hosts/{id}")),
         Action::Blobs => ("GET", "/api/v1/blobs".to_string()),
+        Action::Images => ("GET", "/api/v1/images".to_string()),
         Action::Stats => ("GET", "/api/v1/stats".to_string()),
         Action::Blocklist => ("GET", "/api/v1/blocklist".to_string()),
         Action::Block { id } => ("POST", format!("/api/v1/hosts/{id}/block")),
@@ -183,6 +186,7 @@ pub fn run(args: AdminArgs) -> Result<()> {
         match &args.action {
             Action::Hosts => print_hosts(&value),
             Action::Blobs => print_blobs(&value),
+            Action::Images => print_images(&value),
             Action::Blocklist => {
                 for id in value.as_array().into_iter().flatten() {
                     println!("{}", id.as_str().unwrap_or(""));
@@ -320,16 +324,34 @@ fn print_hosts(hosts: &Value) {
 
 fn print_blobs(blobs: &Value) {
     println!(
-        "{:<71} {:>7} {:>12} {:>8}",
-        "BLOB", "HOLDERS", "MAX HELD MiB", "FETCHES"
+        "{:<71} {:>7} {:>6} {:>12} {:>8}",
+        "BLOB", "HOLDERS", "WHOLE", "MAX HELD MiB", "FETCHES"
     );
     for b in blobs.as_array().into_iter().flatten() {
         println!(
-            "{:<71} {:>7} {:>12} {:>8}",
+            "{:<71} {:>7} {:>6} {:>12} {:>8}",
             b["blob"].as_str().unwrap_or(""),
             b["holders"],
+            b["complete_holders"],
             mib(&b["max_bytes_held"]),
             b["origin_fetches"]
+        );
+    }
+}
+
+fn print_images(images: &Value) {
+    println!("{:>5} {:>9} {:>9}  IMAGE", "HOSTS", "COMPLETE", "MiB");
+    for i in images.as_array().into_iter().flatten() {
+        println!(
+            "{:>5} {:>9} {:>9}  {}",
+            i["hosts"],
+            i["complete_hosts"],
+            if i["bytes"].is_null() {
+                "-".to_string()
+            } else {
+                mib(&i["bytes"])
+            },
+            i["image"].as_str().unwrap_or("")
         );
     }
 }

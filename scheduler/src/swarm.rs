@@ -108,6 +108,8 @@ struct BlobState {
     holders: Vec<(Slot, Vec<ByteRange>)>,
     position: HashMap<Slot, usize>,
     flights: Vec<Flight>,
+    /// The whole blob's size, once an announcer said.
+    size: Option<u64>,
 }
 
 impl BlobState {
@@ -153,6 +155,30 @@ pub struct Swarm {
     /// the list across restarts and sets it here).
     blocked: HashSet<HostId>,
     counters: Counters,
+    /// Images hosts said they use, for the admin's view.
+    images: HashMap<String, ImageState>,
+}
+
+/// An image some hosts use.
+#[derive(Debug, Default)]
+struct ImageState {
+    blobs: Vec<BlobDigest>,
+    users: HashSet<Slot>,
+}
+
+/// An image as the admin API shows it. With several replicas, each knows only the
+/// blobs placed on it, so completeness is counted over `blobs_known_here`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageView {
+    pub image: String,
+    pub blobs: usize,
+    pub blobs_known_here: usize,
+    /// Hosts that use it (mounted or preheated it).
+    pub hosts: usize,
+    /// Hosts holding every blob known here whole.
+    pub complete_hosts: usize,
+    /// The sum of the blobs' sizes, when all are known here.
+    pub bytes: Option<u64>,
 }
 
 /// What happened since the scheduler started, for the admin API and metrics.
@@ -209,6 +235,9 @@ pub struct BlobView {
     /// The most bytes of it one holder announced, and the sum over holders.
     pub max_bytes_held: u64,
     pub total_bytes_held: u64,
+    /// Its size, when an announcer knew it; then how many holders hold all of it.
+    pub size: Option<u64>,
+    pub complete_holders: usize,
     /// Origin fetches of it under way.
     pub origin_fetches: usize,
 }
@@ -372,6 +401,7 @@ impl Swarm {
                     holders: Vec::new(),
                     position: HashMap::new(),
                     flights: Vec::new(),
+                    size: None,
                 });
                 self.blob_ids.insert(digest.clone(), ix);
                 ix
@@ -394,10 +424,19 @@ impl Swarm {
                 blob.remove_holder(slot);
                 blob.flights.retain(|f| f.host != slot);
             }
+            self.stop_using_images(slot);
+        }
+        for image in a.images {
+            let state = self.images.entry(image.image).or_default();
+            state.blobs = image.blobs;
+            state.users.insert(slot);
         }
         for held in a.held {
             let ix = self.blob_ix(&held.blob, slot);
             let blob = &mut self.blobs[ix as usize];
+            if held.size.is_some() {
+                blob.size = held.size;
+            }
             let i = match blob.position.get(&slot) {
                 Some(&i) => i,
                 None => {
@@ -707,6 +746,12 @@ impl Swarm {
                     holders: held.iter().filter(|&&b| b > 0).count(),
                     max_bytes_held: held.iter().copied().max().unwrap_or(0),
                     total_bytes_held: held.iter().sum(),
+                    size: blob.size,
+                    complete_holders: blob
+                        .holders
+                        .iter()
+                        .filter(|(slot, _)| self.holds_whole(ix, *slot))
+                        .count(),
                     origin_fetches: blob.flights.len(),
                 }
             })
@@ -772,7 +817,65 @@ impl Swarm {
             blob.remove_holder(slot);
             blob.flights.retain(|f| f.host != slot);
         }
+        self.stop_using_images(slot);
         self.free_slots.push(slot);
+    }
+
+    /// `slot` no longer uses any image; images nobody uses are forgotten.
+    fn stop_using_images(&mut self, slot: Slot) {
+        self.images.retain(|_, image| {
+            image.users.remove(&slot);
+            !image.users.is_empty()
+        });
+    }
+
+    /// Whether `slot` holds all of blob `ix` (its size known).
+    fn holds_whole(&self, ix: BlobIx, slot: Slot) -> bool {
+        let blob = &self.blobs[ix as usize];
+        let (Some(size), Some(&i)) = (blob.size, blob.position.get(&slot)) else {
+            return false;
+        };
+        blob.holders[i]
+            .1
+            .first()
+            .is_some_and(|r| r.start == 0 && r.end >= size)
+    }
+
+    /// Every image hosts use, most used first.
+    pub fn images(&self) -> Vec<ImageView> {
+        let mut out: Vec<ImageView> = self
+            .images
+            .iter()
+            .map(|(name, image)| {
+                let known: Vec<BlobIx> = image
+                    .blobs
+                    .iter()
+                    .filter_map(|b| self.blob_ids.get(b).copied())
+                    .collect();
+                let sizes: Option<Vec<u64>> = known
+                    .iter()
+                    .map(|&ix| self.blobs[ix as usize].size)
+                    .collect();
+                ImageView {
+                    image: name.clone(),
+                    blobs: image.blobs.len(),
+                    blobs_known_here: known.len(),
+                    hosts: image.users.len(),
+                    complete_hosts: image
+                        .users
+                        .iter()
+                        .filter(|&&slot| {
+                            !known.is_empty() && known.iter().all(|&ix| self.holds_whole(ix, slot))
+                        })
+                        .count(),
+                    bytes: sizes
+                        .filter(|_| known.len() == image.blobs.len())
+                        .map(|s| s.iter().sum()),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| b.hosts.cmp(&a.hosts).then_with(|| a.image.cmp(&b.image)));
+        out
     }
 }
 
@@ -822,13 +925,51 @@ mod tests {
                 held: vec![BlobRanges {
                     blob: blob(),
                     ranges: vec![ByteRange { start, end }],
+                    size: None,
                 }],
                 dropped: vec![],
                 full: false,
+                images: vec![],
             },
             now,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn images_and_whole_holders_are_counted() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["a", "b"] {
+            s.register(host(id, "z"), now);
+        }
+        let sized = |id: &str, end: u64| Announce {
+            host: HostId(id.into()),
+            held: vec![BlobRanges {
+                blob: blob(),
+                ranges: vec![ByteRange { start: 0, end }],
+                size: Some(1000),
+            }],
+            dropped: vec![],
+            full: false,
+            images: vec![tessera_proto::domain::ImageBlobs {
+                image: "reg/app@sha256:1".into(),
+                blobs: vec![blob()],
+            }],
+        };
+        s.announce(sized("a", 1000), now).unwrap();
+        s.announce(sized("b", 400), now).unwrap();
+        let blobs = s.blobs();
+        assert_eq!((blobs[0].size, blobs[0].complete_holders), (Some(1000), 1));
+        let images = s.images();
+        assert_eq!(images.len(), 1);
+        assert_eq!(
+            (images[0].hosts, images[0].complete_hosts, images[0].bytes),
+            (2, 1, Some(1000))
+        );
+        s.leave(&HostId("a".into()));
+        s.leave(&HostId("b".into()));
+        assert!(s.images().is_empty());
     }
 
     #[test]

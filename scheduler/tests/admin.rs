@@ -207,9 +207,11 @@ async fn populate(c: &mut SchedulerClient<tonic::transport::Channel>, ids: &[&st
                 start: 0,
                 end: 1 << 20,
             }],
+            size: 0,
         }],
         full: false,
         dropped: vec![],
+        ..Default::default()
     })
     .await
     .unwrap();

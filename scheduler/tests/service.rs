@@ -106,9 +106,11 @@ fn hosts_announce_and_find_each_other() {
                         start: 0,
                         end: 4096,
                     }],
+                    size: 0,
                 }],
                 full: false,
                 dropped: vec![],
+                ..Default::default()
             })
             .await
             .unwrap();

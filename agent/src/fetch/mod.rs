@@ -306,9 +306,19 @@ impl Fetcher {
     }
 
     /// Announces the chunks of `image` this node already has cached (from earlier
-    /// mounts or another image sharing them), so peers can fetch them from here.
+    /// mounts or another image sharing them), so peers can fetch them from here; and
+    /// the image itself with its blobs' sizes, for the admin's view.
     pub fn announce_cached(&self, image: &ImageChunks) {
         let Some(network) = &self.network else { return };
+        if let Ok(blobs) = image.bootstrap.blobs() {
+            network.blob_sizes(
+                blobs
+                    .iter()
+                    .zip(&image.blob_digests)
+                    .map(|(info, digest)| (digest.clone(), info.size)),
+            );
+        }
+        network.uses_image(&image.reference.to_string(), image.blob_digests.clone());
         for (blob, chunks) in image.order.iter().enumerate() {
             let held: Vec<(u64, u64)> = chunks
                 .iter()

@@ -89,6 +89,10 @@ struct State {
     /// Everything this host announced since it started, merged per blob: re-announced
     /// in full after each registration (to each replica, the blobs it owns).
     held: HashMap<String, Vec<(u64, u64)>>,
+    /// Whole blob sizes, where known (sent with the ranges).
+    sizes: HashMap<String, u64>,
+    /// Images this host uses and their blobs (sent to every replica).
+    images: HashMap<String, Vec<String>>,
     /// Not yet sent, by replica.
     pending: Vec<Pending>,
 }
@@ -96,6 +100,7 @@ struct State {
 #[derive(Debug, Default)]
 struct Pending {
     held: HashMap<String, Vec<(u64, u64)>>,
+    images: HashMap<String, Vec<String>>,
     reports: Vec<pb::Transfer>,
 }
 
@@ -112,7 +117,11 @@ fn merge(ranges: &mut Vec<(u64, u64)>) {
     *ranges = out;
 }
 
-fn to_pb(map: &HashMap<String, Vec<(u64, u64)>>) -> Vec<pb::BlobRanges> {
+/// Announced ranges, with each blob's size where known.
+fn to_pb(
+    map: &HashMap<String, Vec<(u64, u64)>>,
+    sizes: &HashMap<String, u64>,
+) -> Vec<pb::BlobRanges> {
     map.iter()
         .map(|(blob, ranges)| pb::BlobRanges {
             blob: blob.clone(),
@@ -120,6 +129,17 @@ fn to_pb(map: &HashMap<String, Vec<(u64, u64)>>) -> Vec<pb::BlobRanges> {
                 .iter()
                 .map(|&(start, end)| pb::ByteRange { start, end })
                 .collect(),
+            size: sizes.get(blob).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
+fn images_pb(images: &HashMap<String, Vec<String>>) -> Vec<pb::ImageBlobs> {
+    images
+        .iter()
+        .map(|(image, blobs)| pb::ImageBlobs {
+            image: image.clone(),
+            blobs: blobs.clone(),
         })
         .collect()
 }
@@ -251,6 +271,8 @@ impl Network {
         let ring = Ring::new(&urls);
         let state = State {
             held: HashMap::new(),
+            sizes: HashMap::new(),
+            images: HashMap::new(),
             pending: urls.iter().map(|_| Pending::default()).collect(),
         };
         Ok(Arc::new(Network {
@@ -483,16 +505,17 @@ impl Network {
             .into_inner()
             .lease_ms;
         let up = |i: usize| i == r || self.replicas[i].registered.load(Ordering::Relaxed);
-        let held = {
+        let (held, images) = {
             let mut state = self.state();
             state.pending[r].held.clear();
+            state.pending[r].images.clear();
             let owned: HashMap<String, Vec<(u64, u64)>> = state
                 .held
                 .iter()
                 .filter(|(blob, _)| self.ring.owner(blob, up) == Some(r))
                 .map(|(b, ranges)| (b.clone(), ranges.clone()))
                 .collect();
-            to_pb(&owned)
+            (to_pb(&owned, &state.sizes), images_pb(&state.images))
         };
         scheduler
             .announce(pb::AnnounceRequest {
@@ -500,6 +523,7 @@ impl Network {
                 held,
                 full: true,
                 dropped: Vec::new(),
+                images,
             })
             .await?;
         replica.registered.store(true, Ordering::Relaxed);
@@ -534,15 +558,21 @@ impl Network {
 
     /// Sends replica `r` its pending announcements and reports.
     async fn flush(&self, r: usize) {
-        let pending = std::mem::take(&mut self.state().pending[r]);
+        let (pending, held) = {
+            let mut state = self.state();
+            let pending = std::mem::take(&mut state.pending[r]);
+            let held = to_pb(&pending.held, &state.sizes);
+            (pending, held)
+        };
         let mut scheduler = self.replicas[r].client.clone();
-        if !pending.held.is_empty() {
+        if !held.is_empty() || !pending.images.is_empty() {
             let sent = scheduler
                 .announce(pb::AnnounceRequest {
                     host_id: self.host.id.clone(),
-                    held: to_pb(&pending.held),
+                    held,
                     full: false,
                     dropped: Vec::new(),
+                    images: images_pb(&pending.images),
                 })
                 .await;
             // Not lost: `held` has it, and the full announcement after re-registering
@@ -584,6 +614,28 @@ impl Network {
             r
         };
         self.replicas[owner].wake.notify_one();
+    }
+
+    /// Records blobs' whole sizes, sent with their ranges from now on.
+    pub fn blob_sizes(&self, sizes: impl IntoIterator<Item = (String, u64)>) {
+        self.state().sizes.extend(sizes);
+    }
+
+    /// Records that this host uses `image`, made of `blobs`; every replica is told.
+    pub fn uses_image(&self, image: &str, blobs: Vec<String>) {
+        {
+            let mut state = self.state();
+            if state.images.get(image) == Some(&blobs) {
+                return;
+            }
+            state.images.insert(image.to_string(), blobs.clone());
+            for pending in &mut state.pending {
+                pending.images.insert(image.to_string(), blobs.clone());
+            }
+        }
+        for replica in &self.replicas {
+            replica.wake.notify_one();
+        }
     }
 
     /// Queues a transfer's outcome for the scheduler. `peer` is `None` for the origin.
