@@ -22,6 +22,10 @@ pub struct AgentConfig {
     /// A file holding the token TCP clients must present (re-read on every request, so
     /// it can be rotated without a restart).
     pub api_token_file: Option<PathBuf>,
+    /// TLS for the TCP API: certificate chain and key (PEM). When set, the TCP API
+    /// speaks only TLS, so the token never crosses the network in the clear.
+    pub api_tls_cert: Option<PathBuf>,
+    pub api_tls_key: Option<PathBuf>,
     /// Verified chunks, kept across restarts.
     pub cache_dir: PathBuf,
     /// Bytes the cache may hold (`10G`, `512M`, or a number); least recently used
@@ -293,6 +297,8 @@ impl Default for AgentConfig {
             socket: PathBuf::from(DEFAULT_SOCKET),
             api_listen: None,
             api_token_file: None,
+            api_tls_cert: None,
+            api_tls_key: None,
             cache_dir: PathBuf::from("/var/lib/tessera/cache"),
             cache_capacity: 10 << 30,
             metrics_listen: None,
@@ -326,6 +332,9 @@ impl AgentConfig {
                 "cache_capacity: {} bytes is less than the 16 MiB one large chunk needs",
                 self.cache_capacity
             ));
+        }
+        if self.api_tls_cert.is_some() != self.api_tls_key.is_some() {
+            problems.push("api_tls_cert, api_tls_key: set both or neither".to_string());
         }
         if self.api_listen.is_some() && self.api_token_file.is_none() {
             problems.push(

@@ -555,3 +555,82 @@ fn reads_outlive_expiring_registry_tokens() {
         "the agent logged the password"
     );
 }
+
+/// With a certificate, the TCP API speaks only TLS: a client trusting the CA gets its
+/// answer (token checked as before), a plain-TCP client gets nothing.
+#[test]
+fn the_tcp_api_over_tls() {
+    let t = tempfile::tempdir().unwrap();
+    let certs = support::tls::make_certs(&t.path().join("certs"), &["localhost"], &["127.0.0.1"]);
+    let token_file = t.path().join("token");
+    std::fs::write(&token_file, "tls-api-token\n").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcp = format!("127.0.0.1:{port}");
+    let agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &[
+            "--api-listen",
+            &tcp,
+            "--api-token-file",
+            s(&token_file),
+            "--api-tls-cert",
+            s(&certs.cert),
+            "--api-tls-key",
+            s(&certs.key),
+        ],
+    );
+    let over_tls = |line: &str| -> String {
+        use std::io::Write;
+        let mut child = std::process::Command::new("openssl")
+            .args([
+                "s_client",
+                "-quiet",
+                "-verify_return_error",
+                "-connect",
+                &tcp,
+            ])
+            .arg("-CAfile")
+            .arg(&certs.ca)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let allowed = over_tls("{\"op\":\"status\",\"token\":\"tls-api-token\"}\n");
+    assert!(
+        allowed.contains("\"ok\":true"),
+        "{allowed}\n{}",
+        agent.log()
+    );
+    let denied = over_tls("{\"op\":\"status\",\"token\":\"wrong\"}\n");
+    assert!(denied.contains("\"ok\":false"), "{denied}");
+    // Plain TCP: the handshake fails and no JSON comes back.
+    use std::io::{Read, Write};
+    let mut plain = std::net::TcpStream::connect(&tcp).unwrap();
+    plain
+        .set_read_timeout(Some(std::time::Duration::from_secs(15)))
+        .unwrap();
+    plain
+        .write_all(b"{\"op\":\"status\",\"token\":\"tls-api-token\"}\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("\"ok\""),
+        "plain TCP was answered: {:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}

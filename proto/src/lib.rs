@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod domain;
+pub mod tls;
 
 /// Generated from `tessera.proto`.
 #[allow(clippy::all, missing_debug_implementations, unused_qualifications)]

@@ -94,26 +94,7 @@ impl AdminTokens {
 /// A TLS acceptor (rustls) for the admin listener from a PEM certificate chain and key:
 /// the same files as the gRPC service's `--tls-cert` and `--tls-key`.
 pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, Error> {
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let tls = |what: String| Error::Tls { reason: what };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| tls(format!("read the certificate {}: {e}", cert.display())))?;
-    if chain.is_empty() {
-        return Err(tls(format!("{} holds no certificate", cert.display())));
-    }
-    let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| tls(format!("read the private key {}: {e}", key.display())))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, private)
-        .map_err(|e| tls(format!("{} and {}: {e}", cert.display(), key.display())))?;
-    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    tessera_proto::tls::acceptor(cert, key).map_err(|e| Error::Tls { reason: e.0 })
 }
 
 /// The admin API's shared state.

@@ -36,6 +36,21 @@ pub struct AgentArgs {
     api_listen: Option<String>,
     #[arg(long, env = "TESSERA_API_TOKEN_FILE", value_name = "FILE")]
     api_token_file: Option<PathBuf>,
+    /// Serve the TCP API over TLS with this certificate (PEM; needs --api-tls-key).
+    #[arg(
+        long,
+        env = "TESSERA_API_TLS_CERT",
+        value_name = "FILE",
+        requires = "api_tls_key"
+    )]
+    api_tls_cert: Option<PathBuf>,
+    #[arg(
+        long,
+        env = "TESSERA_API_TLS_KEY",
+        value_name = "FILE",
+        requires = "api_tls_cert"
+    )]
+    api_tls_key: Option<PathBuf>,
     /// Background fetching after a mount.
     #[arg(long, env = "TESSERA_PREFETCH", value_enum)]
     prefetch: Option<Prefetch>,
@@ -116,6 +131,12 @@ impl AgentArgs {
         }
         if let Some(v) = &self.api_token_file {
             c.api_token_file = Some(v.clone());
+        }
+        if let Some(v) = &self.api_tls_cert {
+            c.api_tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &self.api_tls_key {
+            c.api_tls_key = Some(v.clone());
         }
         if let Some(v) = self.prefetch {
             c.prefetch = v;
@@ -222,13 +243,31 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             let tcp = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("listen on {addr}"))?;
+            let tls = match (&config.api_tls_cert, &config.api_tls_key) {
+                (Some(cert), Some(key)) => Some(tessera_proto::tls::acceptor(cert, key)?),
+                _ => None,
+            };
             let agent = agent.clone();
             servers.spawn(async move {
                 loop {
                     let Ok((stream, _)) = tcp.accept().await else {
                         continue;
                     };
-                    tokio::spawn(api::serve_connection(agent.clone(), stream, Transport::Tcp));
+                    let Some(tls) = tls.clone() else {
+                        tokio::spawn(api::serve_connection(agent.clone(), stream, Transport::Tcp));
+                        continue;
+                    };
+                    let agent = agent.clone();
+                    tokio::spawn(async move {
+                        // A client that never finishes its handshake must not hold a task.
+                        let handshake = tokio::time::timeout(
+                            std::time::Duration::from_secs(10),
+                            tls.accept(stream),
+                        );
+                        if let Ok(Ok(stream)) = handshake.await {
+                            api::serve_connection(agent, stream, Transport::Tcp).await;
+                        }
+                    });
                 }
             });
         }
