@@ -185,6 +185,14 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                 PeerServiceClient::with_interceptor(channel(urls[0].clone()).await, wrong);
             let e = guessing.fetch_chunks(request(&[&a])).await.unwrap_err();
             assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            // The piece tables too.
+            let table = || pb::PieceTableRequest {
+                blob: format!("sha256:{}", "a".repeat(64)),
+            };
+            let e = anonymous.piece_table(table()).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
+            let e = guessing.piece_table(table()).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated);
 
             let mut got = Vec::new();
             for url in &urls {

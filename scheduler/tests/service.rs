@@ -189,15 +189,56 @@ fn a_token_file_makes_the_token_required() {
             let register = pb::RegisterRequest {
                 host: Some(host("h1", 7001)),
             };
+            // Every call, without a token and with a wrong one.
             for token in [None, Token::new("guess")] {
                 let mut client = SchedulerClient::with_interceptor(
                     channel.clone(),
                     AddBearer::new(token.as_ref()).unwrap(),
                 );
-                let e = client.register(register.clone()).await.unwrap_err();
-                assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
-                assert!(!e.message().contains("swarm-secret"));
-                assert!(e.message().contains("token"), "{}", e.message());
+                let answers = [
+                    client.register(register.clone()).await.map(drop),
+                    client
+                        .heartbeat(pb::HeartbeatRequest {
+                            host_id: "h1".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .map(drop),
+                    client
+                        .announce(pb::AnnounceRequest {
+                            host_id: "h1".into(),
+                            ..Default::default()
+                        })
+                        .await
+                        .map(drop),
+                    client
+                        .find_peers(pb::FindPeersRequest {
+                            host_id: "h1".into(),
+                            blob: blob(),
+                            range: Some(pb::ByteRange { start: 0, end: 1 }),
+                        })
+                        .await
+                        .map(drop),
+                    client
+                        .report(pb::ReportRequest {
+                            host_id: "h1".into(),
+                            transfers: vec![],
+                        })
+                        .await
+                        .map(drop),
+                    client
+                        .leave(pb::LeaveRequest {
+                            host_id: "h1".into(),
+                        })
+                        .await
+                        .map(drop),
+                ];
+                for (call, answer) in answers.into_iter().enumerate() {
+                    let e = answer.unwrap_err();
+                    assert_eq!(e.code(), tonic::Code::Unauthenticated, "call {call}: {e}");
+                    assert!(!e.message().contains("swarm-secret"));
+                    assert!(e.message().contains("token"), "{}", e.message());
+                }
             }
             let token = Token::new("swarm-secret");
             let mut client =
