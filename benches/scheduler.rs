@@ -12,7 +12,8 @@
 //!   /api/v1/hosts/{id}/block` + `/unblock` pairs (each a sled write and flush).
 //! - gRPC lookups while a client reads `GET /api/v1/hosts` in a loop, against lookups
 //!   alone: the admin API and the gRPC service share one `Mutex<Swarm>`, so the ratio
-//!   is what admin reads cost the hot path.
+//!   is what admin reads cost the hot path. A probe of `GET /healthz` every 50 ms
+//!   shows whether the scheduler's runtime stays responsive meanwhile.
 //!
 //! The scheduler (both services over one swarm, wired as its binary wires them) runs on
 //! a Tokio runtime of its own and the clients on another, like two processes sharing
@@ -204,6 +205,8 @@ fn start(swarm: Swarm) -> Scheduler {
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
         let service = SchedulerService::new(swarm.clone(), preheats.clone());
+        // Accepted sockets keep Nagle's algorithm on, as the binary's do: it costs some
+        // answers a 40 ms delayed-ACK stall (benches/README.md, scheduler section).
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(pb::scheduler_server::SchedulerServer::new(service))
@@ -413,43 +416,70 @@ async fn admin_load(addr: SocketAddr, op: AdminOp, hosts: usize) -> Figures {
     figures(samples, started.elapsed(), bytes as f64)
 }
 
-/// gRPC lookups while one client reads `GET /api/v1/hosts` back to back; returns the
-/// lookups, and the host-list reads served meanwhile.
-async fn lookups_under_admin_reads(
+/// Requests for `path` on one connection, `pause` apart, until `stop` is set (at least
+/// one).
+fn background(
+    addr: SocketAddr,
+    path: &'static str,
+    pause: Duration,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Figures> {
+    tokio::spawn(async move {
+        let mut conn = AdminClient::connect(addr).await;
+        let (mut samples, mut bytes) = (Vec::new(), 0);
+        let started = Instant::now();
+        loop {
+            let t = Instant::now();
+            bytes += conn.send(Method::GET, path).await;
+            samples.push(t.elapsed());
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        figures(samples, started.elapsed(), bytes as f64)
+    })
+}
+
+/// gRPC lookups, and what the admin API answered meanwhile.
+struct Beside {
+    lookups: Figures,
+    /// `GET /api/v1/hosts` back to back, when the lookups ran beside them.
+    reads: Option<Figures>,
+    /// `GET /healthz` every 50 ms, as a liveness probe would (no lock, no token).
+    probes: Figures,
+}
+
+/// gRPC lookups from `clients` concurrent clients, beside one admin client reading
+/// `GET /api/v1/hosts` back to back if `reads`, and a probe of `GET /healthz`.
+async fn lookups_beside(
     s: &Scheduler,
     hosts: usize,
     lookups: usize,
     clients: usize,
-) -> (Figures, Figures) {
+    reads: bool,
+) -> Beside {
     let stop = Arc::new(AtomicBool::new(false));
-    let mut reader = AdminClient::connect(s.admin).await;
-    let reads = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let (mut samples, mut bytes) = (Vec::new(), 0);
-            let started = Instant::now();
-            loop {
-                let t = Instant::now();
-                bytes += reader.send(Method::GET, "/api/v1/hosts").await;
-                samples.push(t.elapsed());
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-            }
-            figures(samples, started.elapsed(), bytes as f64)
-        }
-    });
+    let pause = Duration::from_millis(50);
+    let probes = background(s.admin, "/healthz", pause, stop.clone());
+    let reads = reads.then(|| background(s.admin, "/api/v1/hosts", Duration::ZERO, stop.clone()));
     let found = over_grpc(s.grpc, hosts, lookups, clients).await;
     stop.store(true, Ordering::Relaxed);
-    (found, reads.await.unwrap())
+    Beside {
+        lookups: found,
+        reads: match reads {
+            Some(r) => Some(r.await.unwrap()),
+            None => None,
+        },
+        probes: probes.await.unwrap(),
+    }
 }
 
 /// Everything measured against one running scheduler.
 struct Served {
-    grpc: Figures,
+    grpc: Beside,
     admin: Vec<(AdminOp, Figures)>,
-    contended: Figures,
-    reads_meanwhile: Figures,
+    contended: Beside,
 }
 
 const GRPC_LOOKUPS: usize = 40_000;
@@ -461,18 +491,16 @@ const CONTENDED_LOOKUPS: usize = 400;
 fn serve_and_measure(clients: &tokio::runtime::Runtime, swarm: Swarm, hosts: usize) -> Served {
     let s = start(swarm);
     clients.block_on(async {
-        let grpc = over_grpc(s.grpc, hosts, GRPC_LOOKUPS, GRPC_CLIENTS).await;
+        let grpc = lookups_beside(&s, hosts, GRPC_LOOKUPS, GRPC_CLIENTS, false).await;
         let mut admin = Vec::new();
         for op in ADMIN_OPS {
             admin.push((op, admin_load(s.admin, op, hosts).await));
         }
-        let (contended, reads_meanwhile) =
-            lookups_under_admin_reads(&s, hosts, CONTENDED_LOOKUPS, GRPC_CLIENTS).await;
+        let contended = lookups_beside(&s, hosts, CONTENDED_LOOKUPS, GRPC_CLIENTS, true).await;
         Served {
             grpc,
             admin,
             contended,
-            reads_meanwhile,
         }
     })
 }
@@ -527,8 +555,9 @@ fn main() {
     let grpc = format!("gRPC, {GRPC_CLIENTS} clients");
     row(&mut t, "in process", small, &base, &base);
     row(&mut t, "in process", big, &local, &base);
-    row(&mut t, &grpc, small, &base_served.grpc, &base_served.grpc);
-    row(&mut t, &grpc, big, &served.grpc, &base_served.grpc);
+    let base_grpc = &base_served.grpc.lookups;
+    row(&mut t, &grpc, small, base_grpc, base_grpc);
+    row(&mut t, &grpc, big, &served.grpc.lookups, base_grpc);
     t.note(format!(
         "{} holdings ({big} hosts × {BLOBS} blobs) built in {:.1} s; memory for the big swarm ≈ {}",
         big * BLOBS,
@@ -587,18 +616,16 @@ fn main() {
             "p50",
             "p99",
             "host lists read meanwhile",
+            "GET /healthz p50 / p99",
             "vs lookups alone (lookups/s)",
         ],
     );
     for (hosts, s) in [(small, &base_served), (big, &served)] {
-        for (label, f, reads) in [
-            ("none", &s.grpc, None),
-            (
-                "GET /api/v1/hosts in a loop",
-                &s.contended,
-                Some(&s.reads_meanwhile),
-            ),
+        for (label, b) in [
+            ("none", &s.grpc),
+            ("GET /api/v1/hosts in a loop", &s.contended),
         ] {
+            let f = &b.lookups;
             t.row(vec![
                 label.into(),
                 format!("{hosts} hosts"),
@@ -606,13 +633,19 @@ fn main() {
                 fmt_rate(f.per_sec),
                 fmt_duration(f.p50),
                 fmt_duration(f.p99),
-                reads.map_or("-".into(), |r| {
+                b.reads.as_ref().map_or("-".into(), |r| {
                     format!("{}/s, p50 {}", fmt_rate(r.per_sec), fmt_duration(r.p50))
                 }),
-                ratio(f.per_sec / s.grpc.per_sec),
+                format!(
+                    "{} / {}",
+                    fmt_duration(b.probes.p50),
+                    fmt_duration(b.probes.p99)
+                ),
+                ratio(f.per_sec / s.grpc.lookups.per_sec),
             ]);
         }
     }
     t.note("the admin API and the gRPC service share one Mutex<Swarm>; the host list is built and serialised while it is held");
+    t.note("GET /healthz is probed every 50 ms throughout: it takes no lock, so its latency is the scheduler runtime's own");
     t.print();
 }
