@@ -205,12 +205,14 @@ fn start(swarm: Swarm) -> Scheduler {
         let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
         let service = SchedulerService::new(swarm.clone(), preheats.clone());
-        // Accepted sockets keep Nagle's algorithm on, as the binary's do: it costs some
-        // answers a 40 ms delayed-ACK stall (benches/README.md, scheduler section).
+        // As the binary serves: TCP_NODELAY on accepted sockets (without it some answers
+        // waited 40 ms on a delayed ACK; benches/README.md, scheduler section).
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(pb::scheduler_server::SchedulerServer::new(service))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(grpc)),
+                .serve_with_incoming(
+                    tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
+                ),
         );
         let tokens = AdminTokens {
             admin: token,

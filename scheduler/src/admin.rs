@@ -116,7 +116,8 @@ struct ErrorBody<'a> {
 }
 
 fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
-    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
+    // Compact: a 10,000-host list is megabytes already (the CLI prints it pretty).
+    let body = serde_json::to_vec(value).unwrap_or_default();
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut()
@@ -303,7 +304,15 @@ impl Admin {
         } else {
             parts.method.clone()
         };
-        self.route(&method, &path, &body)
+        // The swarm's lock and the work under it keep this thread busy; on the
+        // multi-threaded runtime, tell Tokio so the gRPC service keeps its workers.
+        if tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::MultiThread
+        {
+            tokio::task::block_in_place(|| self.route(&method, &path, &body))
+        } else {
+            self.route(&method, &path, &body)
+        }
     }
 
     fn route(&self, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
@@ -316,19 +325,29 @@ impl Admin {
                 // What prometheus-client writes: OpenMetrics text.
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             ),
+            // Each view is taken under the lock, then serialised without it.
             (&Method::GET, ["api", "v1", "hosts"]) => {
-                json(StatusCode::OK, &self.swarm().hosts(now))
+                let hosts = self.swarm().hosts(now);
+                json(StatusCode::OK, &hosts)
             }
             (&Method::GET, ["api", "v1", "hosts", id]) => {
-                match self.swarm().host(&HostId(id.to_string()), now) {
+                let host = self.swarm().host(&HostId(id.to_string()), now);
+                match host {
                     Some(h) => json(StatusCode::OK, &h),
                     None => refuse(StatusCode::NOT_FOUND, &format!("no registered host {id:?}")),
                 }
             }
-            (&Method::GET, ["api", "v1", "blobs"]) => json(StatusCode::OK, &self.swarm().blobs()),
-            (&Method::GET, ["api", "v1", "images"]) => json(StatusCode::OK, &self.swarm().images()),
+            (&Method::GET, ["api", "v1", "blobs"]) => {
+                let blobs = self.swarm().blobs();
+                json(StatusCode::OK, &blobs)
+            }
+            (&Method::GET, ["api", "v1", "images"]) => {
+                let images = self.swarm().images();
+                json(StatusCode::OK, &images)
+            }
             (&Method::GET, ["api", "v1", "stats"]) => {
-                json(StatusCode::OK, &self.swarm().stats(now))
+                let stats = self.swarm().stats(now);
+                json(StatusCode::OK, &stats)
             }
             (&Method::GET, ["api", "v1", "blocklist"]) => match self.store.blocked() {
                 Ok(list) => json(StatusCode::OK, &list),

@@ -229,7 +229,8 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         server
             .add_service(service)
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                // Small answers must not wait on Nagle and delayed ACKs.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 async {
                     let _ = tokio::signal::ctrl_c().await;
                 },

@@ -92,6 +92,9 @@ struct HostState {
     /// An administrator is draining it (before maintenance): not offered as a peer
     /// while this registration lasts; uploads under way finish.
     draining: bool,
+    /// Bytes of blobs it announced holding, kept as announcements change it (the
+    /// admin's host list must not walk every holding of every host).
+    bytes_held: u64,
 }
 
 /// An origin fetch under way.
@@ -341,6 +344,7 @@ impl Swarm {
             resting_until: None,
             blobs: Vec::new(),
             draining: false,
+            bytes_held: 0,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -424,8 +428,11 @@ impl Swarm {
                 blob.remove_holder(slot);
                 blob.flights.retain(|f| f.host != slot);
             }
+            self.state_mut(slot).bytes_held = 0;
             self.stop_using_images(slot);
         }
+        let span = |ranges: &[ByteRange]| ranges.iter().map(|r| r.end - r.start).sum::<u64>();
+        let (mut added, mut removed) = (0u64, 0u64);
         for image in a.images {
             let state = self.images.entry(image.image).or_default();
             state.blobs = image.blobs;
@@ -446,8 +453,10 @@ impl Swarm {
                 }
             };
             let ranges = &mut blob.holders[i].1;
+            let before = span(ranges);
             ranges.extend(held.ranges);
             merge(ranges);
+            added += span(ranges) - before;
             // Any part announced ends the flight: others now get this host for that
             // part and ask again for the rest (going to the origin if nobody has it).
             let ranges = ranges.clone();
@@ -458,12 +467,16 @@ impl Swarm {
             if let Some(&ix) = self.blob_ids.get(&dropped.blob) {
                 let blob = &mut self.blobs[ix as usize];
                 if let Some(&i) = blob.position.get(&slot) {
+                    let before = span(&blob.holders[i].1);
                     for r in dropped.ranges {
                         subtract(&mut blob.holders[i].1, r);
                     }
+                    removed += before - span(&blob.holders[i].1);
                 }
             }
         }
+        let h = self.state_mut(slot);
+        h.bytes_held = (h.bytes_held + added).saturating_sub(removed);
         Ok(())
     }
 
@@ -676,9 +689,9 @@ impl Swarm {
         let mut out: Vec<HostView> = self
             .ids
             .values()
-            .filter_map(|&slot| self.state(slot).map(|h| (slot, h)))
-            .filter(|(_, h)| h.expires > now)
-            .map(|(slot, h)| self.host_view(slot, h, now))
+            .filter_map(|&slot| self.state(slot))
+            .filter(|h| h.expires > now)
+            .map(|h| self.host_view(h, now))
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
@@ -686,25 +699,11 @@ impl Swarm {
 
     pub fn host(&self, id: &HostId, now: Instant) -> Option<HostView> {
         let slot = self.live_slot(id, now).ok()?;
-        self.state(slot).map(|h| self.host_view(slot, h, now))
+        self.state(slot).map(|h| self.host_view(h, now))
     }
 
-    fn host_view(&self, slot: Slot, h: &HostState, now: Instant) -> HostView {
+    fn host_view(&self, h: &HostState, now: Instant) -> HostView {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        let bytes_held = h
-            .blobs
-            .iter()
-            .filter_map(|&ix| {
-                let blob = &self.blobs[ix as usize];
-                blob.position.get(&slot).map(|&i| {
-                    blob.holders[i]
-                        .1
-                        .iter()
-                        .map(|r| r.end - r.start)
-                        .sum::<u64>()
-                })
-            })
-            .sum();
         let remaining = h.expires.saturating_duration_since(now);
         let transfers = h.successes + h.failures;
         HostView {
@@ -714,7 +713,7 @@ impl Swarm {
             registered_ms_ago: ms(now.saturating_duration_since(h.registered)),
             last_seen_ms_ago: ms(self.config.lease.saturating_sub(remaining)),
             blobs_held: h.blobs.len(),
-            bytes_held,
+            bytes_held: h.bytes_held,
             active_uploads: h.active_uploads,
             max_uploads: h.host.max_uploads,
             upload_speed_bps: h.speed as u64,
@@ -967,6 +966,27 @@ mod tests {
             (images[0].hosts, images[0].complete_hosts, images[0].bytes),
             (2, 1, Some(1000))
         );
+        let held = |s: &Swarm, id: &str| s.host(&HostId(id.into()), now).unwrap().bytes_held;
+        assert_eq!((held(&s, "a"), held(&s, "b")), (1000, 400));
+        // Kept as announcements change: more (overlapping), dropped, replaced in full.
+        s.announce(sized("b", 600), now).unwrap();
+        assert_eq!(held(&s, "b"), 600);
+        let mut drop_some = sized("b", 0);
+        drop_some.held.clear();
+        drop_some.dropped = vec![BlobRanges {
+            blob: blob(),
+            ranges: vec![ByteRange {
+                start: 100,
+                end: 200,
+            }],
+            size: None,
+        }];
+        s.announce(drop_some, now).unwrap();
+        assert_eq!(held(&s, "b"), 500);
+        let mut full = sized("b", 300);
+        full.full = true;
+        s.announce(full, now).unwrap();
+        assert_eq!(held(&s, "b"), 300);
         s.leave(&HostId("a".into()));
         s.leave(&HostId("b".into()));
         assert!(s.images().is_empty());

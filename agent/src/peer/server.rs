@@ -101,7 +101,9 @@ impl PeerServer {
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
             .add_service(service)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            )
             .await
             .map_err(|e| crate::Error::Agent(format!("peer service on {addr:?} stopped: {e}")))
     }
