@@ -58,7 +58,8 @@ bench-mirror:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench mirror
 
-# Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC.
+# Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC, and the
+# admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.
 bench-scheduler:
 	$(CARGO) bench -p tessera-benches --bench scheduler
 
