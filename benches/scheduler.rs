@@ -647,7 +647,7 @@ fn main() {
             ]);
         }
     }
-    t.note("the admin API and the gRPC service share one Mutex<Swarm>; the host list is built and serialised while it is held");
+    t.note("the admin API and the gRPC service share one Mutex<Swarm>; the host list is built under it and serialised after");
     t.note("GET /healthz is probed every 50 ms throughout: it takes no lock, so its latency is the scheduler runtime's own");
     t.print();
 }
