@@ -259,21 +259,8 @@ impl Agent {
             )));
         }
         let reference = Reference::parse(image)?;
-        let platform = match platform {
-            Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
-            None => Platform::host(),
-        };
-        let resolved =
-            registry_image::resolve_platform(&self.client, &reference, &platform).await?;
-        let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
-        let chunks = Arc::new(ImageChunks::new(
-            bootstrap.clone(),
-            resolved.reference.clone(),
-        )?);
-        if self.fetcher.network().is_some() {
-            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
-            tokio::task::spawn_blocking(move || fetcher.announce_cached(&chunks));
-        }
+        let (resolved, chunks) = self.open_image(&reference, platform.as_deref()).await?;
+        let bootstrap = chunks.bootstrap.clone();
         let recorder = match &record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
@@ -348,6 +335,28 @@ impl Agent {
                 ))
             })?;
         Ok(mount.unmount().await)
+    }
+
+    /// `reference` resolved for `platform` (the host's when `None`), with its verified
+    /// bootstrap and its chunks; what this node already holds of it is announced to the
+    /// swarm in the background.
+    pub(super) async fn open_image(
+        &self,
+        reference: &Reference,
+        platform: Option<&str>,
+    ) -> Result<(registry_image::PlatformImage, Arc<ImageChunks>)> {
+        let platform = match platform {
+            Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
+            None => Platform::host(),
+        };
+        let resolved = registry_image::resolve_platform(&self.client, reference, &platform).await?;
+        let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
+        let chunks = Arc::new(ImageChunks::new(bootstrap, resolved.reference.clone())?);
+        if self.fetcher.network().is_some() {
+            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
+            tokio::task::spawn_blocking(move || fetcher.announce_cached(&chunks));
+        }
+        Ok((resolved, chunks))
     }
 
     /// The image's bootstrap: from the local store if this layer was fetched before

@@ -10,10 +10,8 @@ use std::time::{Duration, Instant};
 use tessera_proto::pb;
 
 use super::Agent;
-use crate::fetch::ImageChunks;
 use crate::peer::Network;
-use crate::registry::image as registry_image;
-use crate::registry::reference::{Platform, Reference};
+use crate::registry::reference::Reference;
 use crate::{Error, Result};
 
 /// Jobs run at once; each fetches `fetch.prefetch_concurrency` chunks at a time.
@@ -93,22 +91,9 @@ impl Agent {
         network: &Network,
     ) -> Result<()> {
         let reference = Reference::parse(&task.image)?;
-        let platform = if task.platform.is_empty() {
-            Platform::host()
-        } else {
-            task.platform.parse::<Platform>().map_err(Error::Agent)?
-        };
-        let resolved =
-            registry_image::resolve_platform(&self.client, &reference, &platform).await?;
-        let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
-        let chunks = Arc::new(ImageChunks::new(
-            bootstrap.clone(),
-            resolved.reference.clone(),
-        )?);
-        {
-            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
-            let _ = tokio::task::spawn_blocking(move || fetcher.announce_cached(&chunks)).await;
-        }
+        let platform = (!task.platform.is_empty()).then_some(task.platform.as_str());
+        let (_, chunks) = self.open_image(&reference, platform).await?;
+        let bootstrap = chunks.bootstrap.clone();
         // Blob order, so neighbouring missing chunks travel as one run.
         let mut list: Vec<(u32, u64, u32, u32)> = (0..bootstrap.chunk_count())
             .filter_map(|c| bootstrap.chunk(c).ok())
