@@ -17,6 +17,41 @@ fn pull(agent: &AgentProcess) -> serde_json::Value {
     agent.status()["mounts"][0]["pull"].clone()
 }
 
+/// Where each agent's bytes came from, for messages.
+fn sources(agents: &[AgentProcess]) -> Vec<String> {
+    agents
+        .iter()
+        .map(|a| {
+            let p = pull(a);
+            format!("origin {} peer {}", p["origin_bytes"], p["peer_bytes"])
+        })
+        .collect()
+}
+
+/// Every mount reads every file at once and compares it, each starting at a different
+/// file as real workloads would, while `meanwhile` runs beside them.
+fn read_all_at_once(swarm: &Swarm, mounts: &[PathBuf], meanwhile: impl FnOnce() + Send) {
+    let barrier = std::sync::Barrier::new(mounts.len() + 1);
+    std::thread::scope(|scope| {
+        for (n, mnt) in mounts.iter().enumerate() {
+            let barrier = &barrier;
+            scope.spawn(move || {
+                barrier.wait();
+                for k in 0..swarm.files.len() {
+                    let (path, data) = &swarm.files[(k + n) % swarm.files.len()];
+                    let got = std::fs::read(mnt.join(path)).unwrap();
+                    assert!(got == *data, "agent {n}: {path} differs");
+                }
+            });
+        }
+        let barrier = &barrier;
+        scope.spawn(move || {
+            barrier.wait();
+            meanwhile();
+        });
+    });
+}
+
 /// The second agent reads the image the first has read: its data comes from the
 /// first agent, and the registry sends (almost) nothing for it — the manifest and the
 /// bootstrap only.
@@ -67,30 +102,10 @@ fn a_swarm_pulls_the_image_about_once() {
     }
     let mounts: Vec<PathBuf> = agents.iter().map(|a| swarm.mount(a)).collect();
     let before = swarm.origin_tx();
-    let barrier = std::sync::Barrier::new(mounts.len());
-    std::thread::scope(|scope| {
-        for (n, mnt) in mounts.iter().enumerate() {
-            let (swarm, barrier) = (&swarm, &barrier);
-            scope.spawn(move || {
-                barrier.wait();
-                // Different agents start at different files, as real workloads would.
-                for k in 0..swarm.files.len() {
-                    let (path, data) = &swarm.files[(k + n) % swarm.files.len()];
-                    let got = std::fs::read(mnt.join(path)).unwrap();
-                    assert!(got == *data, "agent {n}: {path} differs");
-                }
-            });
-        }
-    });
+    read_all_at_once(&swarm, &mounts, || {});
     let egress = swarm.origin_tx() - before;
     let ratio = egress as f64 / swarm.image_bytes as f64;
-    let sources: Vec<String> = agents
-        .iter()
-        .map(|a| {
-            let p = pull(a);
-            format!("origin {} peer {}", p["origin_bytes"], p["peer_bytes"])
-        })
-        .collect();
+    let sources = sources(&agents);
     assert!(
         ratio <= 1.2,
         "12 agents made the registry send {egress} bytes, {ratio:.2}x the {}-byte image; per agent: {sources:?}",
@@ -355,41 +370,19 @@ fn a_scheduler_replica_killed_mid_swarm_moves_only_its_blobs() {
 
     let mounts: Vec<PathBuf> = agents.iter().map(|a| swarm.mount(a)).collect();
     let before = swarm.origin_tx();
-    let barrier = std::sync::Barrier::new(mounts.len() + 1);
-    std::thread::scope(|scope| {
-        for (n, mnt) in mounts.iter().enumerate() {
-            let (swarm, barrier) = (&swarm, &barrier);
-            scope.spawn(move || {
-                barrier.wait();
-                for k in 0..swarm.files.len() {
-                    let (path, data) = &swarm.files[(k + n) % swarm.files.len()];
-                    let got = std::fs::read(mnt.join(path)).unwrap();
-                    assert!(got == *data, "agent {n}: {path} differs");
-                }
-            });
+    // Mid-swarm: once a third of the image has left the registry.
+    read_all_at_once(&swarm, &mounts, || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while swarm.origin_tx() - before < swarm.image_bytes / 3
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        // Mid-swarm: once a third of the image has left the registry.
-        let (swarm, barrier) = (&swarm, &barrier);
-        scope.spawn(move || {
-            barrier.wait();
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while swarm.origin_tx() - before < swarm.image_bytes / 3
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            victim.kill9();
-        });
+        victim.kill9();
     });
     let egress = swarm.origin_tx() - before;
     let ratio = egress as f64 / swarm.image_bytes as f64;
-    let sources: Vec<String> = agents
-        .iter()
-        .map(|a| {
-            let p = pull(a);
-            format!("origin {} peer {}", p["origin_bytes"], p["peer_bytes"])
-        })
-        .collect();
+    let sources = sources(&agents);
     assert!(
         ratio <= 2.0,
         "6 agents made the registry send {egress} bytes, {ratio:.2}x the {}-byte image, with a replica killed; per agent: {sources:?}",

@@ -119,6 +119,12 @@ impl TokenFile {
 }
 
 impl Token {
+    /// Whether `presented` is any of `tokens`; every one is compared, so the time
+    /// taken does not tell which matched.
+    pub fn matches_any(tokens: &[Token], presented: &str) -> bool {
+        tokens.iter().fold(false, |ok, t| t.matches(presented) | ok)
+    }
+
     /// Whether `presented` is this token (compared in constant time).
     pub fn matches(&self, presented: &str) -> bool {
         constant_time_eq(presented.as_bytes(), self.0.as_bytes())
@@ -242,8 +248,7 @@ impl Interceptor for RequireBearer {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
         match presented {
-            // Every token is compared, so the time taken does not tell which matched.
-            Some(p) if tokens.iter().fold(false, |ok, t| t.matches(p) | ok) => Ok(request),
+            Some(p) if Token::matches_any(&tokens, p) => Ok(request),
             Some(_) => Err(Status::unauthenticated(format!(
                 "the {} refused the bearer token: configure the same token on every agent and the scheduler",
                 self.service

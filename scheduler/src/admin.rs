@@ -38,6 +38,7 @@ use crate::preheat::{PreheatRequest, Preheats, Refusal, State};
 use crate::store::Store;
 use crate::swarm::Swarm;
 use crate::Error;
+use tessera_proto::auth::Token;
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 << 10;
@@ -79,7 +80,7 @@ impl AdminTokens {
         // Any line of the file, so tokens rotate without refusing anyone.
         let matches = |path: &PathBuf| {
             tessera_proto::auth::read_tokens(path)
-                .is_ok_and(|tokens| tokens.iter().fold(false, |ok, t| t.matches(presented) | ok))
+                .is_ok_and(|tokens| Token::matches_any(&tokens, presented))
         };
         if matches(&self.admin) {
             Some(Scope::Admin)
@@ -563,25 +564,12 @@ impl Admin {
             registry.register(name, help, counter);
         }
         let jobs = Family::<Vec<(String, String)>, Gauge>::default();
-        for state in [
-            State::Pending,
-            State::Running,
-            State::Succeeded,
-            State::Failed,
-        ] {
-            let n = self
-                .preheats()
-                .list()
-                .iter()
-                .filter(|j| j.state == state)
-                .count();
-            let name = serde_json::to_value(state)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            jobs.get_or_create(&vec![("state".to_string(), name)])
-                .set(n as i64);
+        let preheats = self.preheats();
+        for state in State::ALL {
+            jobs.get_or_create(&vec![("state".to_string(), state.name().to_string())])
+                .set(preheats.count(state) as i64);
         }
+        drop(preheats);
         registry.register("preheat_jobs", "Preheat jobs kept, by state", jobs);
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {

@@ -37,6 +37,23 @@ pub enum State {
 }
 
 impl State {
+    pub const ALL: [State; 4] = [
+        State::Pending,
+        State::Running,
+        State::Succeeded,
+        State::Failed,
+    ];
+
+    /// As in the API (and the metrics' `state` label).
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Running => "running",
+            State::Succeeded => "succeeded",
+            State::Failed => "failed",
+        }
+    }
+
     pub fn finished(self) -> bool {
         matches!(self, State::Succeeded | State::Failed)
     }
@@ -262,6 +279,11 @@ impl Preheats {
 
     pub fn get(&self, id: &str) -> Option<&Job> {
         self.jobs.get(id)
+    }
+
+    /// Jobs in `state`.
+    pub fn count(&self, state: State) -> usize {
+        self.jobs.values().filter(|j| j.state == state).count()
     }
 
     /// Every job, newest first.

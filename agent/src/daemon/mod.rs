@@ -359,13 +359,16 @@ impl Agent {
             mounts: list,
             cache: self.fetcher.cache().stats(),
             bytes_by_source,
-            swarm: self.fetcher.network().map(|n| SwarmStatus {
-                host_id: n.host_id().to_string(),
-                registered: n.registered(),
-                schedulers_registered: n.replicas_registered().0,
-                schedulers: n.replicas_registered().1,
-                uploads_active: n.server().active_uploads(),
-                uploaded_bytes: n.server().uploaded_bytes(),
+            swarm: self.fetcher.network().map(|n| {
+                let (schedulers_registered, schedulers) = n.replicas_registered();
+                SwarmStatus {
+                    host_id: n.host_id().to_string(),
+                    registered: n.registered(),
+                    schedulers_registered,
+                    schedulers,
+                    uploads_active: n.server().active_uploads(),
+                    uploaded_bytes: n.server().uploaded_bytes(),
+                }
             }),
             mirror: self.mirror.as_ref().map(|m| m.status()),
         }
