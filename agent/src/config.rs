@@ -274,6 +274,9 @@ pub struct FetchConfig {
     /// requests; each should not cost a disk read and a digest).
     #[serde(with = "size")]
     pub memory_bytes: u64,
+    /// A FUSE read that waits longer than this for its data is a *slow read*: counted
+    /// (`tessera_agent_slow_reads_total`, `slow_reads` in `tessera status`) and logged.
+    pub slow_read_ms: u64,
 }
 
 impl Default for FetchConfig {
@@ -287,6 +290,7 @@ impl Default for FetchConfig {
             workers: 16,
             prefetch_concurrency: 2,
             memory_bytes: 64 << 20,
+            slow_read_ms: 1000,
         }
     }
 }

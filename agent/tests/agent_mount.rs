@@ -326,6 +326,55 @@ fn registry_faults_are_absorbed_or_reported_as_eio() {
     assert!(std::fs::read(mnt.join("f3")).unwrap() == files[3].1);
 }
 
+/// A read that waits longer than `fetch.slow_read_ms` is a slow read: counted in the
+/// mount's status and the metrics, and logged; reads answered in time are not.
+#[test]
+fn slow_reads_are_counted_and_logged() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 2, |i| format!("f{i}"), 2 << 20, 60);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let config = t.path().join("agent.toml");
+    std::fs::write(&config, "[fetch]\nslow_read_ms = 1000\n").unwrap();
+    let agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--prefetch", "none", "--config", s(&config)],
+    );
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    let slow_reads = |agent: &AgentProcess| agent.status()["mounts"][0]["slow_reads"].as_u64();
+
+    assert!(std::fs::read(mnt.join("f0")).unwrap() == files[0].1);
+    assert_eq!(
+        slow_reads(&agent),
+        Some(0),
+        "a local registry answers in time"
+    );
+
+    // The registry now sends 256 KiB/s: the first read of f1 waits seconds.
+    proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: 256 << 10,
+        })
+        .method("GET")
+        .path("/blobs/"),
+    );
+    assert!(std::fs::read(mnt.join("f1")).unwrap() == files[1].1);
+    let slow = slow_reads(&agent).unwrap();
+    assert!(slow >= 1, "no slow read counted: {}", agent.status());
+    let metrics = agent.metrics();
+    let counted: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tessera_agent_slow_reads_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no tessera_agent_slow_reads_total in:\n{metrics}"));
+    assert_eq!(counted, slow);
+    assert!(agent.log().contains("slow read"), "{}", agent.log());
+    let text = agent.ok(&["status"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("slow reads"));
+}
+
 /// A cache smaller than the image: reading everything works and the cache stays
 /// within its capacity.
 #[test]

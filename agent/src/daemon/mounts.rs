@@ -53,6 +53,11 @@ pub struct MountedImage {
     reads: AtomicU64,
     first_byte: OnceLock<Duration>,
     recorder: Option<Recorder>,
+    /// `fetch.slow_read_ms`: a read waiting longer is a slow read.
+    slow_read: Duration,
+    slow_reads: AtomicU64,
+    /// When a slow read was last logged (ms since `started`): one line a second at most.
+    slow_logged_ms: AtomicU64,
 }
 
 impl ChunkReader for MountedImage {
@@ -82,6 +87,31 @@ impl ChunkReader for MountedImage {
         self.first_byte.get_or_init(|| self.started.elapsed());
         if let Some(r) = &self.recorder {
             r.saw(ino);
+        }
+    }
+
+    fn read_done(&self, ino: u32, len: u64, waited: Duration) {
+        if waited < self.slow_read {
+            return;
+        }
+        let count = self.slow_reads.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fetcher.metrics.slow_reads.inc();
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let last = self.slow_logged_ms.load(Ordering::Relaxed);
+        if (count == 1 || now_ms >= last + 1000)
+            && self
+                .slow_logged_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                image = %self.requested,
+                ino,
+                len,
+                waited_ms = waited.as_millis() as u64,
+                slow_reads = count,
+                "slow read: the workload waited over fetch.slow_read_ms for data (see tessera status: bytes by source)"
+            );
         }
     }
 }
@@ -143,6 +173,9 @@ pub struct MountStatus {
     pub mounted_at: u64,
     pub mount_seconds: f64,
     pub first_byte_seconds: Option<f64>,
+    /// Reads that waited longer than `fetch.slow_read_ms`.
+    #[serde(default)]
+    pub slow_reads: u64,
     /// Bytes the workload read through the mount.
     pub bytes_read: u64,
     pub reads: u64,
@@ -169,6 +202,9 @@ impl std::fmt::Display for MountStatus {
         )?;
         if let Some(t) = self.first_byte_seconds {
             write!(f, "; first byte {:.0} ms", t * 1000.0)?;
+        }
+        if self.slow_reads > 0 {
+            write!(f, "; {} slow reads", self.slow_reads)?;
         }
         if self.pull.verification_failures > 0 {
             write!(
@@ -201,6 +237,7 @@ impl Mount {
                 .as_secs(),
             mount_seconds: self.mount_seconds,
             first_byte_seconds: self.image.first_byte.get().map(Duration::as_secs_f64),
+            slow_reads: self.image.slow_reads.load(Ordering::Relaxed),
             bytes_read: self.image.bytes_read.load(Ordering::Relaxed),
             reads: self.image.reads.load(Ordering::Relaxed),
             origin_mib_per_s: pull.origin_wire_bytes as f64 / f64::from(1 << 20) / since,
@@ -277,6 +314,9 @@ impl Agent {
             reads: AtomicU64::new(0),
             first_byte: OnceLock::new(),
             recorder,
+            slow_read: Duration::from_millis(self.config.fetch.slow_read_ms),
+            slow_reads: AtomicU64::new(0),
+            slow_logged_ms: AtomicU64::new(0),
         });
         let opts = MountOptions {
             fsname: format!("{}{reference}", super::stale::source_prefix(&self.owner)),

@@ -59,6 +59,8 @@ pub struct FetchMetrics {
     pub inflight: Gauge,
     /// FUSE read latency as the workload sees it (queueing and fetching included).
     pub fuse_read_seconds: Histogram,
+    /// FUSE reads that waited longer than `fetch.slow_read_ms`.
+    pub slow_reads: Counter,
 }
 
 impl Default for FetchMetrics {
@@ -71,6 +73,7 @@ impl Default for FetchMetrics {
             errors: Family::default(),
             inflight: Gauge::default(),
             fuse_read_seconds: latency_histogram(),
+            slow_reads: Counter::default(),
         }
     }
 }
@@ -106,6 +109,11 @@ impl FetchMetrics {
             "tessera_agent_fuse_read_seconds",
             "Latency of FUSE reads, fetching included",
             self.fuse_read_seconds.clone(),
+        );
+        registry.register(
+            "tessera_agent_slow_reads",
+            "FUSE reads that waited longer than fetch.slow_read_ms for their data",
+            self.slow_reads.clone(),
         );
         registry.register(
             "tessera_agent_fetches_in_flight",

@@ -316,9 +316,11 @@ impl Filesystem for ImageFs {
                 return reply.error(EIO);
             }
             let result = read_range(&pieces, range.clone(), reader.as_ref());
+            let waited = started.elapsed();
             if let Some(h) = &latency {
-                h.observe(started.elapsed().as_secs_f64());
+                h.observe(waited.as_secs_f64());
             }
+            reader.read_done(ino, range.end - range.start, waited);
             match result {
                 Ok(data) => {
                     let bytes = data.as_slice();

@@ -53,6 +53,10 @@ pub trait ChunkReader: Send + Sync + 'static {
     /// and `mount --record`). Called on the session thread in the order the kernel sent
     /// the reads, before any data is fetched, so it must not block. Default: nothing.
     fn observe_read(&self, _ino: u32, _offset: u64, _len: u64) {}
+
+    /// Told when a read has been answered: how long the workload waited for `len` bytes
+    /// of inode `ino` (fetching included). Called on the worker thread. Default: nothing.
+    fn read_done(&self, _ino: u32, _len: u64, _waited: std::time::Duration) {}
 }
 
 /// How to mount an image.
