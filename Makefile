@@ -76,3 +76,31 @@ bench-scheduler:
 fuzz:
 	bash rafs-format/fuzz/run.sh
 	bash agent/fuzz/run.sh
+
+# The Helm chart (deploy/helm/tessera) and its tests (deploy/helm/tests): helm built
+# from the Go module proxy into target/tools/bin once (about 3 minutes on 2 cores),
+# kubernetes-validate (the Kubernetes JSON schemas) and PyYAML from PyPI in a venv of
+# their own. The tests run the debug binaries `make unit` builds (the same command
+# builds them here, so nothing is built twice).
+HELM_VERSION := v3.22.0
+HELM := target/tools/bin/helm
+CHART_VENV := target/tools/kubeval
+GO := $(or $(shell command -v go 2>/dev/null),/usr/local/go/bin/go)
+
+.PHONY: chart-deps chart-test
+test: chart-test
+test-deps: chart-deps
+
+chart-deps:
+	@$(GO) version -m $(HELM) 2>/dev/null | grep -q 'mod[[:space:]]*helm.sh/helm/v3[[:space:]]*$(HELM_VERSION)' || { \
+	  test -x $(GO) || { echo "chart-deps: Go is needed to build helm (go on PATH or /usr/local/go/bin/go)"; exit 1; }; \
+	  echo "building helm $(HELM_VERSION) (Go module proxy)"; \
+	  GOBIN=$(abspath target/tools/bin) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); }
+	@$(CHART_VENV)/bin/python -c 'import yaml, kubernetes_validate.version as v; assert v.__version__ == "1.37.0"' 2>/dev/null || { \
+	  echo "installing kubernetes-validate (PyPI)"; \
+	  python3 -m venv $(CHART_VENV) && \
+	  $(CHART_VENV)/bin/pip install -q kubernetes-validate==1.37.0 PyYAML==6.0.3; }
+
+chart-test: chart-deps
+	$(CARGO) test --workspace --no-run -q
+	$(CHART_VENV)/bin/python deploy/helm/tests/run.py
