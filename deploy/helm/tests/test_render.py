@@ -111,7 +111,7 @@ class Defaults(unittest.TestCase):
         cls.m = render()
 
     def test_lint(self):
-        out = helm("lint", str(CHART)).stdout
+        out = helm("lint", "--strict", str(CHART)).stdout
         self.assertIn("0 chart(s) failed", out)
 
     def test_kubernetes_schemas(self):
@@ -483,7 +483,7 @@ class FullValues(unittest.TestCase):
         self.assertEqual(c["prefetch"], "all")
         self.assertEqual(c["fetch"], {"merge_bytes": "2M", "readahead_bytes": "16M", "memory_bytes": "128M",
                                       "attempts": 4, "retries": 5, "timeout_secs": 20, "workers": 32,
-                                      "prefetch_concurrency": 4})
+                                      "prefetch_concurrency": 4, "slow_read_ms": 500})
         self.assertEqual(c["p2p"]["zone"], "eu-1a")
         self.assertEqual(c["p2p"]["rack"], "r12")
         self.assertEqual(c["p2p"]["max_uploads"], 64)

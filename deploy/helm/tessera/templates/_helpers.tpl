@@ -197,6 +197,7 @@ retries = {{ int64 $a.fetch.retries }}
 timeout_secs = {{ int64 $a.fetch.timeoutSecs }}
 workers = {{ int64 $a.fetch.workers }}
 prefetch_concurrency = {{ int64 $a.fetch.prefetchConcurrency }}
+slow_read_ms = {{ int64 $a.fetch.slowReadMs }}
 
 [p2p]
 enabled = {{ and $a.p2p.enabled (ne $urls "") }}
