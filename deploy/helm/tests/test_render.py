@@ -182,6 +182,16 @@ class Defaults(unittest.TestCase):
         again = render().secret_data("t-tessera-p2p-token")["token"]
         self.assertNotEqual(p2p, again)
 
+    def test_either_component_alone(self):
+        agents_only = render(sets=["scheduler.enabled=false", "agent.p2p.enabled=false"])
+        self.assertEqual(sorted({d["kind"] for d in agents_only.docs}),
+                         ["ConfigMap", "DaemonSet", "Secret", "Service", "ServiceAccount"])
+        validate_kubernetes(self, agents_only)
+        scheduler_only = render(sets=["agent.enabled=false"])
+        self.assertEqual(sorted({d["kind"] for d in scheduler_only.docs}),
+                         ["Secret", "Service", "ServiceAccount", "StatefulSet"])
+        validate_kubernetes(self, scheduler_only)
+
     def test_notes_tell_how_to_reach_the_admin_api(self):
         notes = render_notes()
         self.assertIn("kubectl -n tessera-system port-forward svc/t-tessera-scheduler 7090:7090", notes)
