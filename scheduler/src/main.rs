@@ -232,10 +232,30 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
                 // Small answers must not wait on Nagle and delayed ACKs.
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 async {
-                    let _ = tokio::signal::ctrl_c().await;
+                    shutdown_signal().await;
+                    tracing::info!("shutting down");
+                    if let Some(admin) = &admin {
+                        admin
+                            .ready
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
                 },
             )
             .await
             .with_context(|| format!("serve on {}", cli.listen))
     })
+}
+
+/// SIGTERM (what Kubernetes and systemd send; as PID 1 in a container nothing else would
+/// stop the process) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }

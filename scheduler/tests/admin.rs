@@ -689,3 +689,57 @@ fn with_a_certificate_the_admin_api_speaks_only_tls() {
     let err = String::from_utf8_lossy(&untrusted.stderr);
     assert!(err.contains("call https://"), "{err}");
 }
+
+/// SIGTERM stops the scheduler in order even as PID 1 of its own PID namespace, as in a
+/// container, where a signal without a handler is ignored; the state is closed cleanly
+/// (a new scheduler opens it at once).
+#[test]
+fn sigterm_stops_it_even_as_pid_1() {
+    let mut s = Scheduler::start();
+    s.stop();
+    let log = std::fs::File::create(s.dir.path().join("pid1.log")).unwrap();
+    let mut unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "--"])
+        .arg(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["--listen", &s.grpc, "--admin-listen", &s.admin])
+        .arg("--admin-token-file")
+        .arg(s.dir.path().join("admin.token"))
+        .arg("--state-dir")
+        .arg(&s.state)
+        .env("TESSERA_LOG", "info")
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("run unshare (Debian util-linux)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&s.admin, "GET", "/readyz", None, b"").0 != 200 {
+        assert!(Instant::now() < deadline, "scheduler as PID 1 not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // unshare's only child is the scheduler, PID 1 inside.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id())).unwrap();
+    let scheduler = children
+        .split_whitespace()
+        .next()
+        .expect("the scheduler's pid");
+    let sent = Command::new("kill")
+        .args(["-TERM", scheduler])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = unshare.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = unshare.kill();
+            panic!("SIGTERM did not stop the scheduler running as PID 1");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit: {status}");
+    let text = std::fs::read_to_string(s.dir.path().join("pid1.log")).unwrap();
+    assert!(text.contains("shutting down"), "{text}");
+    s.spawn();
+}
