@@ -695,35 +695,47 @@ fn with_a_certificate_the_admin_api_speaks_only_tls() {
 /// (a new scheduler opens it at once).
 #[test]
 fn sigterm_stops_it_even_as_pid_1() {
-    let mut s = Scheduler::start();
-    s.stop();
-    let log = std::fs::File::create(s.dir.path().join("pid1.log")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("admin.token"), ADMIN_TOKEN).unwrap();
+    let (grpc, admin) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let log_path = dir.path().join("pid1.log");
+    let log = std::fs::File::create(&log_path).unwrap();
     let mut unshare = Command::new("unshare")
         .args(["--pid", "--fork", "--kill-child", "--"])
         .arg(env!("CARGO_BIN_EXE_tessera-scheduler"))
-        .args(["--listen", &s.grpc, "--admin-listen", &s.admin])
+        .args(["--listen", &grpc, "--admin-listen", &admin])
         .arg("--admin-token-file")
-        .arg(s.dir.path().join("admin.token"))
+        .arg(dir.path().join("admin.token"))
         .arg("--state-dir")
-        .arg(&s.state)
+        .arg(dir.path().join("state"))
         .env("TESSERA_LOG", "info")
         .stderr(Stdio::from(log))
         .spawn()
         .expect("run unshare (Debian util-linux)");
+    let log_text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // unshare's only child is the scheduler, PID 1 inside; ready when its admin API is.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while request(&s.admin, "GET", "/readyz", None, b"").0 != 200 {
-        assert!(Instant::now() < deadline, "scheduler as PID 1 not ready");
+    let scheduler = loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id()))
+                .unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next() {
+            if request(&admin, "GET", "/readyz", None, b"").0 == 200 {
+                break pid.to_string();
+            }
+        }
+        assert!(
+            unshare.try_wait().unwrap().is_none() && Instant::now() < deadline,
+            "the scheduler as PID 1 never became ready:\n{}",
+            log_text()
+        );
         std::thread::sleep(Duration::from_millis(50));
-    }
-    // unshare's only child is the scheduler, PID 1 inside.
-    let children =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id())).unwrap();
-    let scheduler = children
-        .split_whitespace()
-        .next()
-        .expect("the scheduler's pid");
+    };
     let sent = Command::new("kill")
-        .args(["-TERM", scheduler])
+        .args(["-TERM", &scheduler])
         .status()
         .unwrap();
     assert!(sent.success());
@@ -738,8 +750,29 @@ fn sigterm_stops_it_even_as_pid_1() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(status.success(), "exit: {status}");
-    let text = std::fs::read_to_string(s.dir.path().join("pid1.log")).unwrap();
-    assert!(text.contains("shutting down"), "{text}");
-    s.spawn();
+    assert!(status.success(), "exit: {status}\n{}", log_text());
+    assert!(log_text().contains("shutting down"), "{}", log_text());
+
+    // The state was closed: a scheduler on the same directory starts at once.
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut again = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin-listen", &admin])
+        .arg("--admin-token-file")
+        .arg(dir.path().join("admin.token"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&admin, "GET", "/readyz", None, b"").0 != 200 {
+        if Instant::now() > deadline || again.try_wait().unwrap().is_some() {
+            let _ = again.kill();
+            panic!("a scheduler on the same state directory did not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = again.kill();
+    let _ = again.wait();
 }

@@ -103,6 +103,11 @@ pub struct AgentArgs {
     /// Turn peer-to-peer off: every chunk from cache or origin (for comparisons).
     #[arg(long, env = "TESSERA_NO_P2P")]
     no_p2p: bool,
+    /// Check the configuration (the file, `TESSERA_*` variables and flags together) and
+    /// the registry credentials file, print the result as TOML, and exit: 0 if the agent
+    /// would start with it.
+    #[arg(long)]
+    check_config: bool,
     /// Test-only fault switch: serve corrupted chunks to peers.
     #[arg(long, hide = true, env = "TESSERA_FAULT_CORRUPT_UPLOADS")]
     fault_corrupt_uploads: bool,
@@ -212,6 +217,15 @@ fn node_client(config: &AgentConfig) -> Result<Arc<RegistryClient>> {
 
 pub fn agent(args: AgentArgs) -> Result<()> {
     let config = args.config()?;
+    if args.check_config {
+        node_client(&config)?;
+        print_out(format_args!(
+            "{}",
+            toml::to_string(&config).context("print the configuration")?
+        ))?;
+        eprintln!("tessera agent: the configuration is valid");
+        return Ok(());
+    }
     let rt = runtime()?;
     rt.block_on(async move {
         let client = node_client(&config)?;
