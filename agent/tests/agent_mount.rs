@@ -332,24 +332,22 @@ fn registry_faults_are_absorbed_or_reported_as_eio() {
 #[test]
 fn check_config_prints_the_effective_config_or_names_each_problem() {
     let t = tempfile::tempdir().unwrap();
-    let good = t.path().join("good.toml");
-    std::fs::write(
-        &good,
-        "cache_capacity = \"1G\"\n[fetch]\nslow_read_ms = 250\n",
-    )
-    .unwrap();
-    let out = tessera()
-        .args(["agent", "--check-config", "--config", s(&good)])
-        .env("TESSERA_CACHE_CAPACITY", "2G")
-        .env("DOCKER_CONFIG", t.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // (success, stdout, stderr) of `--check-config` on a config file with this content.
+    let check = |name: &str, content: &str, env: &[(&str, &str)]| {
+        let path = t.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        let out = tessera()
+            .args(["agent", "--check-config", "--config", s(&path)])
+            .envs(env.iter().copied())
+            .env("DOCKER_CONFIG", t.path())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let good = "cache_capacity = \"1G\"\n[fetch]\nslow_read_ms = 250\n";
+    let (ok, stdout, stderr) = check("good.toml", good, &[("TESSERA_CACHE_CAPACITY", "2G")]);
+    assert!(ok, "{stdout}\n{stderr}");
     // The variable overrides the file; the file overrides the defaults.
     assert!(
         stdout.contains(&format!("cache_capacity = {}", 2u64 << 30)),
@@ -359,48 +357,18 @@ fn check_config_prints_the_effective_config_or_names_each_problem() {
     assert!(stdout.contains("workers = 16"), "{stdout}");
     assert!(!t.path().join("agent.sock").exists());
 
-    let bad = t.path().join("bad.toml");
-    std::fs::write(
-        &bad,
-        "[fetch]\nworkers = 0\n[p2p]\nmax_uploads = 0\nscheduler = \"http://s:7080\"\n",
-    )
-    .unwrap();
-    let out = tessera()
-        .args(["agent", "--check-config", "--config", s(&bad)])
-        .env("DOCKER_CONFIG", t.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let bad = "[fetch]\nworkers = 0\n[p2p]\nmax_uploads = 0\nscheduler = \"http://s:7080\"\n";
+    let (ok, _, stderr) = check("bad.toml", bad, &[]);
     assert!(
-        stderr.contains("fetch.workers") && stderr.contains("p2p.max_uploads"),
+        !ok && stderr.contains("fetch.workers") && stderr.contains("p2p.max_uploads"),
         "{stderr}"
     );
-
-    let unknown = t.path().join("unknown.toml");
-    std::fs::write(&unknown, "[fetch]\nworkerz = 4\n").unwrap();
-    let out = tessera()
-        .args(["agent", "--check-config", "--config", s(&unknown)])
-        .env("DOCKER_CONFIG", t.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("workerz"),
-        "{stderr}"
-    );
+    let (ok, _, stderr) = check("unknown.toml", "[fetch]\nworkerz = 4\n", &[]);
+    assert!(!ok && stderr.contains("workerz"), "{stderr}");
 
     std::fs::write(t.path().join("config.json"), "{not json").unwrap();
-    let out = tessera()
-        .args(["agent", "--check-config", "--config", s(&good)])
-        .env("DOCKER_CONFIG", t.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("credentials"),
-        "{stderr}"
-    );
+    let (ok, _, stderr) = check("good.toml", good, &[]);
+    assert!(!ok && stderr.contains("credentials"), "{stderr}");
 }
 
 /// A read that waits longer than `fetch.slow_read_ms` is a slow read: counted in the
