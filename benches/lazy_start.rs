@@ -1,0 +1,360 @@
+//! The lazy-start benchmark: how long until a realistic image's application has started
+//! on a cold node, side by side in one run, with the registry's egress capped:
+//!
+//! 1. `skopeo copy` + `umoci unpack`, then the start-up (the baseline);
+//! 2. `ctr image pull` (containerd fetches and unpacks), then the start-up;
+//! 3. `tessera mount` of the converted image, then the start-up reading through the
+//!    lazy mount, with an empty cache;
+//! 4. the same with the image converted with the start-up's prefetch list (recorded by
+//!    `tessera mount --record` in a first run), fetched in the background at mount.
+//!
+//! The start-up is the image's own `/app/start.py` run with `chroot` in an overlay
+//! whose lower layer is what each method produced (a directory, containerd's snapshot,
+//! the lazy mount): the same program on the same kind of root for every method. Every
+//! repetition is cold: new caches, new containerd, the page cache dropped. Prints a
+//! Markdown table (median seconds, ratios against the baseline) and, with
+//! `TESSERA_BENCH_JSON=FILE`, writes the figures as JSON.
+//!
+//! The image is `benches/image.sh`'s (~1 GB: Debian + a Python data stack), built once
+//! and cached (`TESSERA_BENCH_IMAGE_DIR` names another build);
+//! `TESSERA_BENCH_IMAGE_SMALL=1` uses its smoke-size variant. Knobs:
+//! `TESSERA_BENCH_LAZY_CAP` (registry egress, default `200mbit`),
+//! `TESSERA_BENCH_REPS` (default 3). `make bench-lazy-start` (root).
+
+#![allow(clippy::unwrap_used)] // A benchmark fails loudly.
+
+#[path = "../agent/tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::agent::AgentProcess;
+use support::containerd::{Containerd, PullOptions};
+use support::netns::{Cluster, NetHost};
+use support::registry::Registry;
+use support::{s, tessera};
+
+/// Where the tests and benches keep what they build.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs `cmd`, panicking with its output if it fails; returns stdout.
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The benchmark image's OCI layout (built by `benches/image.sh` if not cached).
+fn image_layout() -> (PathBuf, u64) {
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo().join("benches/image.sh"));
+    // An image built before (benches/image.sh DIR) instead of the cached default.
+    if let Some(dir) = std::env::var_os("TESSERA_BENCH_IMAGE_DIR") {
+        cmd.arg(dir);
+    }
+    let out = run(&mut cmd);
+    let dir = PathBuf::from(out.trim());
+    let unpacked = std::fs::read_to_string(dir.join("unpacked-bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (dir.join("layout"), unpacked)
+}
+
+/// Empties the page cache, so a repetition reads from disk as a cold node would.
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
+/// Runs the image's start-up in an overlay over `lower` (read-only for every method);
+/// returns how long it took.
+fn start_up(lower: &Path, work: &Path) -> Duration {
+    let [upper, scratch, merged] = ["upper", "scratch", "merged"].map(|d| work.join(d));
+    for d in [&upper, &scratch, &merged] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        scratch.display()
+    );
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options])
+        .arg(&merged));
+    let started = Instant::now();
+    let out = Command::new("chroot")
+        .arg(&merged)
+        .args(["/usr/bin/python3", "/app/start.py"])
+        .env_clear()
+        .env("HOME", "/tmp")
+        .env("MPLCONFIGDIR", "/tmp/matplotlib")
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let _ = Command::new("umount").arg(&merged).status();
+    assert!(
+        out.status.success(),
+        "start-up failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+struct Bed {
+    _cluster: Cluster,
+    registry_host: NetHost,
+    node: NetHost,
+    registry: Registry,
+    /// `[registry] insecure` for the agents and convert.
+    config: PathBuf,
+    work: tempfile::TempDir,
+}
+
+impl Bed {
+    fn reference(&self, tag: &str) -> String {
+        format!("{}/bench/app:{tag}", self.registry.addr)
+    }
+
+    fn convert(&self, src: &str, dst: &str, extra: &[&str]) {
+        run(tessera()
+            .args(["convert", "--config", s(&self.config)])
+            .args(extra)
+            .args([&self.reference(src), &self.reference(dst)])
+            .env("DOCKER_CONFIG", self.work.path()));
+    }
+
+    /// A fresh agent on the node, its cache empty.
+    fn agent(&self, name: &str) -> AgentProcess {
+        AgentProcess::start_in(
+            &self.work.path().join(name),
+            &self.node,
+            &["--config", s(&self.config)],
+        )
+    }
+}
+
+/// One method's phases, in seconds.
+#[derive(Default, Clone)]
+struct Timing {
+    fetch: f64,
+    start: f64,
+    origin: u64,
+}
+
+impl Timing {
+    fn total(&self) -> f64 {
+        self.fetch + self.start
+    }
+}
+
+fn skopeo_umoci(bed: &Bed, rep: usize) -> Timing {
+    let dir = bed.work.path().join(format!("skopeo-{rep}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let before = bed.registry_host.tx_bytes();
+    let t = Instant::now();
+    run(Command::new("skopeo")
+        .args(["copy", "-q", "--insecure-policy", "--src-tls-verify=false"])
+        .arg(format!("docker://{}", bed.reference("v1")))
+        .arg(format!("oci:{}:v1", dir.join("layout").display())));
+    run(Command::new("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:v1", dir.join("layout").display()))
+        .arg(dir.join("bundle")));
+    let fetch = t.elapsed().as_secs_f64();
+    let origin = bed.registry_host.tx_bytes() - before;
+    let start = start_up(&dir.join("bundle/rootfs"), &dir.join("run")).as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    Timing {
+        fetch,
+        start,
+        origin,
+    }
+}
+
+fn ctr_pull(bed: &Bed, rep: usize) -> Timing {
+    let dir = bed.work.path().join(format!("containerd-{rep}"));
+    let containerd = Containerd::start_in(&dir, &bed.node);
+    let before = bed.registry_host.tx_bytes();
+    let t = Instant::now();
+    containerd.pull_ok(&bed.reference("v1"), &PullOptions::plain_http());
+    let fetch = t.elapsed().as_secs_f64();
+    let origin = bed.registry_host.tx_bytes() - before;
+    let rootfs = dir.join("rootfs");
+    containerd.rootfs(&bed.reference("v1"), &rootfs);
+    let start = start_up(&rootfs, &dir.join("run")).as_secs_f64();
+    containerd.unmount(&rootfs);
+    drop(containerd);
+    let _ = std::fs::remove_dir_all(&dir);
+    Timing {
+        fetch,
+        start,
+        origin,
+    }
+}
+
+fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
+    let name = format!("agent-{tag}-{rep}");
+    let agent = bed.agent(&name);
+    let mnt = bed.work.path().join(&name).join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let before = bed.registry_host.tx_bytes();
+    let t = Instant::now();
+    agent.ok(&["mount", &bed.reference(tag), s(&mnt)]);
+    let fetch = t.elapsed().as_secs_f64();
+    let start = start_up(&mnt, &bed.work.path().join(&name).join("run")).as_secs_f64();
+    let origin = bed.registry_host.tx_bytes() - before;
+    agent.ok(&["umount", s(&mnt)]);
+    drop(agent);
+    let _ = std::fs::remove_dir_all(bed.work.path().join(&name));
+    Timing {
+        fetch,
+        start,
+        origin,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let env = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let cap = env("TESSERA_BENCH_LAZY_CAP", "200mbit");
+    let reps: usize = env("TESSERA_BENCH_REPS", "3")
+        .parse()
+        .expect("TESSERA_BENCH_REPS: a number");
+    let (layout, unpacked) = image_layout();
+
+    let mut cluster = Cluster::new();
+    let registry_host = cluster.add_host("registry");
+    let node = cluster.add_host("node");
+    let registry = Registry::start_in(&registry_host);
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("tessera.toml");
+    std::fs::write(
+        &config,
+        format!("[registry]\ninsecure = [\"{}\"]\n", registry.addr),
+    )
+    .unwrap();
+    let bed = Bed {
+        _cluster: cluster,
+        registry_host,
+        node,
+        registry,
+        config,
+        work,
+    };
+    bed.registry.push_layout(&layout, "v1", "bench/app");
+    bed.convert("v1", "v1-tessera", &[]);
+    // The start-up's files, in first-read order, recorded through a lazy mount.
+    let record = bed.work.path().join("startup.txt");
+    {
+        let agent = bed.agent("record");
+        let mnt = bed.work.path().join("record/mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        agent.ok(&[
+            "mount",
+            &bed.reference("v1-tessera"),
+            s(&mnt),
+            "--record",
+            s(&record),
+        ]);
+        start_up(&mnt, &bed.work.path().join("record/run"));
+        agent.ok(&["umount", s(&mnt)]);
+    }
+    let recorded = std::fs::read_to_string(&record).unwrap().lines().count();
+    bed.convert("v1", "v1-prefetch", &["--prefetch-list", s(&record)]);
+    // Capped only now: setting up is not what is measured.
+    bed.registry_host.cap_egress(&cap);
+
+    let methods: [(&str, &dyn Fn(usize) -> Timing); 4] = [
+        ("skopeo copy + umoci unpack", &|rep| skopeo_umoci(&bed, rep)),
+        ("ctr image pull", &|rep| ctr_pull(&bed, rep)),
+        ("tessera mount (cold)", &|rep| {
+            tessera_mount(&bed, "v1-tessera", rep)
+        }),
+        ("tessera mount + prefetch list", &|rep| {
+            tessera_mount(&bed, "v1-prefetch", rep)
+        }),
+    ];
+    let mut runs: Vec<Vec<Timing>> = vec![Vec::new(); methods.len()];
+    // Interleaved, so a machine that slows down slows every method alike.
+    for rep in 0..reps {
+        for (i, (_, method)) in methods.iter().enumerate() {
+            drop_caches();
+            runs[i].push(method(rep));
+        }
+    }
+    let summary: Vec<(f64, f64, f64, f64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                median(r.iter().map(|t| t.fetch).collect()),
+                median(r.iter().map(|t| t.start).collect()),
+                median(r.iter().map(Timing::total).collect()),
+                median(r.iter().map(|t| t.origin as f64).collect()),
+            )
+        })
+        .collect();
+    let baseline = summary[0].2;
+    let mib = |b: f64| b / f64::from(1 << 20);
+    println!(
+        "lazy start: a {:.0} MiB image (Debian + Python stack), registry egress capped at {cap}, median of {reps}; the start-up reads {recorded} files",
+        mib(unpacked as f64)
+    );
+    println!(
+        "| method | fetch / mount s | start-up s | total s | vs skopeo+umoci | registry sent |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for ((label, _), (fetch, start, total, origin)) in methods.iter().zip(&summary) {
+        println!(
+            "| {label} | {fetch:.2} | {start:.2} | {total:.2} | {:.2}x | {:.1} MiB |",
+            baseline / total.max(1e-9),
+            mib(*origin)
+        );
+    }
+    println!("ratio: baseline total / this total (above 1: faster than skopeo + umoci)");
+    if let Ok(path) = std::env::var("TESSERA_BENCH_JSON") {
+        let rows: Vec<serde_json::Value> = methods
+            .iter()
+            .zip(&summary)
+            .map(|((label, _), (fetch, start, total, origin))| {
+                serde_json::json!({
+                    "method": label,
+                    "fetch_seconds": fetch,
+                    "start_seconds": start,
+                    "total_seconds": total,
+                    "vs_baseline": baseline / total.max(1e-9),
+                    "registry_bytes": origin,
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "scenario": "lazy_start",
+            "image_unpacked_bytes": unpacked,
+            "registry_cap": cap,
+            "repetitions": reps,
+            "startup_files": recorded,
+            "rows": rows,
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    }
+}
