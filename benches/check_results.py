@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Checks a benchmark's JSON results for shape and sense (never for speed): every
+scenario names itself, every row has its figures, and they are positive numbers.
+Used by `make bench-smoke`; exits non-zero naming what is wrong."""
+import json
+import math
+import sys
+
+REQUIRED = {
+    "lazy_start": ["method", "fetch_seconds", "start_seconds", "total_seconds",
+                   "vs_baseline", "registry_bytes"],
+}
+
+
+def check(path):
+    problems = []
+    with open(path) as f:
+        result = json.load(f)
+    scenario = result.get("scenario")
+    if scenario not in REQUIRED:
+        return [f"{path}: unknown scenario {scenario!r}"]
+    rows = result.get("rows") or []
+    if len(rows) < 2:
+        problems.append(f"{path}: {len(rows)} rows; a baseline and at least one method expected")
+    for i, row in enumerate(rows):
+        for key in REQUIRED[scenario]:
+            if key not in row:
+                problems.append(f"{path}: row {i} has no {key}")
+            elif key != "method" and not (isinstance(row[key], (int, float))
+                                          and math.isfinite(row[key]) and row[key] > 0):
+                problems.append(f"{path}: row {i} {key} = {row[key]!r}, not a positive number")
+    return problems
+
+
+def main():
+    problems = [p for path in sys.argv[1:] for p in check(path)]
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        sys.exit(1)
+    print(f"benchmark results look sound: {', '.join(sys.argv[1:])}")
+
+
+if __name__ == "__main__":
+    main()
