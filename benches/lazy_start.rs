@@ -19,7 +19,8 @@
 //! and cached (`TESSERA_BENCH_IMAGE_DIR` names another build);
 //! `TESSERA_BENCH_IMAGE_SMALL=1` uses its smoke-size variant. Knobs:
 //! `TESSERA_BENCH_LAZY_CAP` (registry egress, default `200mbit`),
-//! `TESSERA_BENCH_REPS` (default 3). `make bench-lazy-start` (root).
+//! `TESSERA_BENCH_REPS` (default 3), `TESSERA_BENCH_LAZY_AGENT_CONFIG` (TOML added to
+//! the agents' config, for experiments). `make bench-lazy-start` (root).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
@@ -253,9 +254,11 @@ fn main() {
     let registry = Registry::start_in(&registry_host);
     let work = tempfile::tempdir().unwrap();
     let config = work.path().join("tessera.toml");
+    // Extra agent configuration for experiments (TOML, e.g. "[fetch]\nmerge_bytes = 0").
+    let extra = std::env::var("TESSERA_BENCH_LAZY_AGENT_CONFIG").unwrap_or_default();
     std::fs::write(
         &config,
-        format!("[registry]\ninsecure = [\"{}\"]\n", registry.addr),
+        format!("{extra}\n[registry]\ninsecure = [\"{}\"]\n", registry.addr),
     )
     .unwrap();
     let bed = Bed {
