@@ -34,33 +34,14 @@ use std::time::{Duration, Instant};
 use support::agent::AgentProcess;
 use support::containerd::{Containerd, PullOptions};
 use support::netns::{Cluster, NetHost};
+use support::oci::run_output as run;
 use support::registry::Registry;
-use support::{s, tessera};
-
-/// Where the tests and benches keep what they build.
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Runs `cmd`, panicking with its output if it fails; returns stdout.
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::{repo_root, s, tessera};
 
 /// The benchmark image's OCI layout (built by `benches/image.sh` if not cached).
 fn image_layout() -> (PathBuf, u64, String) {
     let mut cmd = Command::new("bash");
-    cmd.arg(repo().join("benches/image.sh"));
+    cmd.arg(repo_root().join("benches/image.sh"));
     // An image built before (benches/image.sh DIR) instead of the cached default.
     if let Some(dir) = std::env::var_os("TESSERA_BENCH_IMAGE_DIR") {
         cmd.arg(dir);

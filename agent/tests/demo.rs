@@ -7,16 +7,8 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-/// The repository's root (the script runs from there).
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 /// One demo run in its own directory; stopped when dropped, also after a failed assertion.
 struct Demo {
@@ -43,7 +35,7 @@ impl Demo {
 
     fn script(&self, arg: &str) -> Output {
         Command::new("bash")
-            .arg(repo().join("scripts/demo.sh"))
+            .arg(support::repo_root().join("scripts/demo.sh"))
             .arg(arg)
             .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .output()

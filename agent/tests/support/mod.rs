@@ -20,6 +20,14 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// The `tessera` binary built for this test run.
+/// The repository's root (scripts and benchmarks live there).
+pub fn repo_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the agent crate sits in the repository")
+        .to_path_buf()
+}
+
 pub fn tessera() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
 }
