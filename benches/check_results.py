@@ -2,33 +2,35 @@
 """Checks a benchmark's JSON results for shape and sense (never for speed): every
 scenario names itself, every row has its figures, and they are positive numbers.
 Used by `make bench-smoke`; exits non-zero naming what is wrong."""
+import importlib
 import json
 import math
+import os
 import sys
 
-REQUIRED = {
-    "lazy_start": ["method", "fetch_seconds", "start_seconds", "total_seconds",
-                   "vs_baseline", "registry_bytes"],
-}
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def check(path):
     problems = []
     with open(path) as f:
         result = json.load(f)
     scenario = result.get("scenario")
-    if scenario not in REQUIRED:
-        return [f"{path}: unknown scenario {scenario!r}"]
+    try:
+        module = importlib.import_module(f"scenarios.{scenario}")
+    except (ModuleNotFoundError, TypeError, ValueError):
+        return [f"{path}: unknown scenario {scenario!r} (no benches/scenarios/{scenario}.py)"]
     rows = result.get("rows") or []
     if len(rows) < 2:
         problems.append(f"{path}: {len(rows)} rows; a baseline and at least one method expected")
     for i, row in enumerate(rows):
-        for key in REQUIRED[scenario]:
+        for key in module.ROW_FIELDS:
             if key not in row:
                 problems.append(f"{path}: row {i} has no {key}")
             elif key != "method" and not (isinstance(row[key], (int, float))
                                           and math.isfinite(row[key]) and row[key] > 0):
                 problems.append(f"{path}: row {i} {key} = {row[key]!r}, not a positive number")
+    if hasattr(module, "check"):
+        problems += [f"{path}: {p}" for p in module.check(result)]
     return problems
 
 

@@ -3,15 +3,21 @@
 table per scenario, from the JSON files in a results directory (one per scenario, as the
 benchmarks write them with TESSERA_BENCH_JSON, plus machine.json).
 
-    benches/report.py RESULTS_DIR [--out FILE]     (default: stdout)
+    benches/report.py RESULTS_DIR [--out FILE] [--plots DIR]     (default: stdout, no plots)
+
+Each scenario is a module of benches/scenarios/ named by the JSON's "scenario": it
+renders its result as Markdown lines and, given a plot directory, may draw PNGs there.
 
 Used by `make bench-suite` (RESULTS.md) and `make bench-smoke` (so it cannot rot)."""
 import argparse
+import importlib
 import json
 import os
 import platform
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def machine():
@@ -46,44 +52,17 @@ def machine():
     }
 
 
-def mib(b):
-    return f"{b / 2**20:.1f} MiB"
+def scenario_module(scenario, where):
+    """benches/scenarios/<scenario>.py: its ROW_FIELDS, render() and optional check()."""
+    if not isinstance(scenario, str) or not scenario.isidentifier():
+        sys.exit(f"{where}: no scenario name (\"scenario\": ...)")
+    try:
+        return importlib.import_module(f"scenarios.{scenario}")
+    except ModuleNotFoundError:
+        sys.exit(f"{where}: unknown scenario {scenario!r} (no benches/scenarios/{scenario}.py)")
 
 
-def lazy_start(r):
-    lines = [
-        "## Lazy start: time to a started application on a cold node",
-        "",
-        f"Image: {r.get('image') or 'the benchmark image'}, "
-        f"{mib(r['image_unpacked_bytes'])} unpacked; registry egress capped at "
-        f"{r['registry_cap']}; median of {r['repetitions']} cold repetitions; the start-up "
-        f"reads {r['startup_files']} files.",
-        "",
-        "| method | fetch / mount s | start-up s | total s | vs skopeo+umoci | registry sent |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in r["rows"]:
-        lines.append(
-            f"| {row['method']} | {row['fetch_seconds']:.2f} | {row['start_seconds']:.2f} | "
-            f"{row['total_seconds']:.2f} | {row['vs_baseline']:.2f}x | {mib(row['registry_bytes'])} |")
-    lines += ["", "Ratio: the baseline's total / this total (above 1: faster than skopeo + umoci)."]
-    # ../shared/MISSION.md: a lazy start about 20x faster than a full pull (0.5x Nydus's
-    # 3.9 s, 3.2 s with a prefetch list, fetching 54-64 MB, on a similar image and link).
-    lazy = [row for row in r["rows"] if row["method"].startswith("tessera")]
-    if lazy:
-        best = max(row["vs_baseline"] for row in lazy)
-        verdict = "met" if best >= 20 else "**missed**"
-        figures = "; ".join(f"{row['method']} {row['vs_baseline']:.2f}x, "
-                            f"{mib(row['registry_bytes'])} fetched" for row in lazy)
-        lines += ["", f"Against the mission's target (about 20x faster than a full pull, "
-                      f"fetching about what the start-up reads): {verdict}: {figures}."]
-    return lines
-
-
-RENDERERS = {"lazy_start": lazy_start}
-
-
-def render(results_dir):
+def render(results_dir, plot_dir=None):
     machine_file = os.path.join(results_dir, "machine.json")
     m = json.load(open(machine_file)) if os.path.exists(machine_file) else machine()
     out = [
@@ -101,10 +80,7 @@ def render(results_dir):
         sys.exit(f"{results_dir}: no scenario results (*.json) to report")
     for name in scenarios:
         result = json.load(open(os.path.join(results_dir, name)))
-        renderer = RENDERERS.get(result.get("scenario"))
-        if renderer is None:
-            sys.exit(f"{name}: no renderer for scenario {result.get('scenario')!r}")
-        out += renderer(result) + [""]
+        out += scenario_module(result.get("scenario"), name).render(result, plot_dir) + [""]
     return "\n".join(out)
 
 
@@ -112,6 +88,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results_dir")
     parser.add_argument("--out")
+    parser.add_argument("--plots", metavar="DIR",
+                        help="also draw PNG plots into DIR (needs matplotlib)")
     parser.add_argument("--write-machine", metavar="COMMAND",
                         help="record this machine and COMMAND in RESULTS_DIR/machine.json and exit")
     args = parser.parse_args()
@@ -121,7 +99,7 @@ def main():
         os.makedirs(args.results_dir, exist_ok=True)
         json.dump(m, open(os.path.join(args.results_dir, "machine.json"), "w"), indent=2)
         return
-    text = render(args.results_dir)
+    text = render(args.results_dir, args.plots)
     if args.out:
         open(args.out, "w").write(text)
     else:
