@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
-# Conversion throughput and peak memory, against a baseline measured in the same run:
+# Conversion benchmark, against baselines measured in the same run.
 #
-#   baseline  skopeo copy   registry A -> registry B   (moves the bytes, builds nothing)
-#   tessera   tessera convert  registry A -> registry B   (pull, build, push)
+# 1. Throughput and memory, registry A -> registry B (two registries, so neither tool
+#    can mount blobs instead of moving them), median of TESSERA_BENCH_REPS (default 3),
+#    interleaved, each repetition into a fresh registry B:
+#      baseline  skopeo copy        (moves the compressed layers, builds nothing)
+#      tessera   tessera convert    (pull, build, push)
+#    Wall time, MB/s of input (the image's file bytes, MB = 10^6), peak RSS (GNU time's
+#    maximum resident set size), and convert's own phases (pull, build, push).
+# 2. Dedup across versions: v1 and then v2 (one package upgraded) into one registry,
+#      baseline  skopeo copy of the plain OCI layers
+#      tessera   tessera convert v1, then v2 with --chunk-dict v1, for each chunking in
+#                TESSERA_BENCH_CONVERT_CHUNKING (default "fixed:1M cdc:1M cdc:256K")
+#    and what v2 adds: the registry's storage growth (its blob files, summed around the v2
+#    push, so nothing the tool reports is taken on trust) beside convert's own count of
+#    pushed bytes, against the bytes of file contents v2 has that v1 lacks.
 #
-# of one generated image of TESSERA_BENCH_CONVERT_MB megabytes (default 2048) in layers
-# of 256 MB: half pseudo-random bytes (like compressed archives), half text (compresses
-# ~4x). Two registries, so neither tool can mount blobs instead of moving them. Prints a
-# Markdown table with wall time, MB/s of input, peak RSS (GNU time's max resident set),
-# and the ratios. Needs docker-registry, skopeo, python3, GNU time (`make test-deps`).
+# The image is benches/image.sh's (Debian + a Python stack, ~850 MiB, tags v1 and v2;
+# TESSERA_BENCH_IMAGE_SMALL=1 for its ~63 MiB smoke variant, TESSERA_BENCH_IMAGE_DIR for
+# another build). TESSERA_BENCH_CONVERT_MB=N converts a generated image of N MiB instead
+# (random and text files in 256 MB layers: the 5 GB memory bound; no v2, so no dedup).
+# Prints Markdown; TESSERA_BENCH_JSON=FILE also writes the figures as JSON (scenario
+# "convert", rendered by benches/scenarios/convert.py). TESSERA_BIN picks the binary
+# (default target/release/tessera). Needs docker-registry, skopeo, umoci, python3, GNU
+# time (`make test-deps`), and root for the image's first build.
 set -euo pipefail
 
-SIZE_MB=${TESSERA_BENCH_CONVERT_MB:-2048}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
+REPS=${TESSERA_BENCH_REPS:-3}
+MODES=${TESSERA_BENCH_CONVERT_CHUNKING:-fixed:1M cdc:1M cdc:256K}
+GENERATED_MB=${TESSERA_BENCH_CONVERT_MB:-}
+JSON_OUT=${TESSERA_BENCH_JSON:-}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-convert.XXXXXX")
-PIDS=()
+declare -A REG_PID=()
 cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${REG_PID[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${REG_PID[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -26,11 +45,13 @@ for tool in docker-registry skopeo python3 /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "missing $tool: run make test-deps" >&2; exit 1; }
 done
 [ -x "$TESSERA" ] || (cd "$ROOT" && cargo build --release -p tessera-agent --bin tessera)
+step() { printf '[convert] %s\n' "$*" >&2; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-start_registry() { # NAME VAR: starts a registry, sets VAR to its host:port
-    local dir="$WORK/$1" port
+start_registry() { # NAME VAR: starts a registry with empty storage, sets VAR to host:port
+    local dir="$WORK/reg-$1" port
     port=$(free_port)
+    rm -rf "$dir"
     mkdir -p "$dir/storage"
     cat >"$dir/config.yml" <<EOF
 version: 0.1
@@ -38,20 +59,33 @@ log: {level: error}
 storage: {filesystem: {rootdirectory: $dir/storage}}
 http: {addr: 127.0.0.1:$port}
 EOF
-    # Not in a $(…) subshell: PIDS must reach the EXIT trap.
+    # Not in a $(…) subshell: REG_PID must reach the EXIT trap.
     docker-registry serve "$dir/config.yml" >"$dir/log" 2>&1 &
-    PIDS+=($!)
+    REG_PID[$1]=$!
     for _ in $(seq 100); do
         (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
         sleep 0.1
     done
     printf -v "$2" '127.0.0.1:%s' "$port"
 }
-start_registry a A
-start_registry b B
+stop_registry() { # NAME: stops it and frees its storage
+    kill "${REG_PID[$1]}" 2>/dev/null || true
+    wait "${REG_PID[$1]}" 2>/dev/null || true
+    unset "REG_PID[$1]"
+    rm -rf "$WORK/reg-$1"
+}
+# Bytes of the blobs the registry keeps (layers, configs, manifests; not its link files
+# and directories, which do not travel).
+stored() {
+    find "$WORK/reg-$1/storage" -type f -name data -printf '%s\n' | awk '{n += $1} END {print n + 0}'
+}
 
-echo "generating a ${SIZE_MB} MB image..." >&2
-python3 - "$WORK/layout" "$SIZE_MB" <<'PY'
+# --- the image ---------------------------------------------------------------------
+if [ -n "$GENERATED_MB" ]; then
+    step "generating a ${GENERATED_MB} MiB image"
+    LAYOUT=$WORK/layout
+    IMAGE_DESC="generated: ${GENERATED_MB} MiB of files in 256 MB layers, half random, half text"
+    python3 - "$LAYOUT" "$GENERATED_MB" <<'PY'
 import gzip, hashlib, io, json, os, random, sys, tarfile
 layout, size_mb = sys.argv[1], int(sys.argv[2])
 blobs = os.path.join(layout, "blobs", "sha256")
@@ -108,31 +142,178 @@ json.dump({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.
     open(os.path.join(layout, "index.json"), "w"))
 open(os.path.join(layout, "oci-layout"), "w").write('{"imageLayoutVersion":"1.0.0"}')
 PY
-LAYER_BYTES=$(du -sb "$WORK/layout/blobs" | cut -f1)
-skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$WORK/layout:v1" "docker://$A/src/app:v1"
+    TAGS="v1"
+else
+    dir=$(bash "$ROOT/benches/image.sh" ${TESSERA_BENCH_IMAGE_DIR:+"$TESSERA_BENCH_IMAGE_DIR"})
+    LAYOUT=$dir/layout
+    IMAGE_DESC=$(cat "$dir/description" 2>/dev/null || echo "benches/image.sh")
+    TAGS="v1 v2"
+fi
 
-measure() { # LABEL CMD... -> "seconds max_rss_kib"
-    local out="$WORK/time.$1"
+start_registry a A
+for tag in $TAGS; do
+    step "pushing $tag to registry A"
+    skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$A/src/app:$tag"
+done
+
+measure() { # OUT CMD...: runs CMD, stdout to OUT.out, "seconds max_rss_kib" to OUT.time
+    local out=$1
     shift
-    /usr/bin/time -f "%e %M" -o "$out" "$@" >/dev/null
-    cat "$out"
+    /usr/bin/time -f "%e %M" -o "$out.time" "$@" >"$out.out"
 }
-echo "baseline: skopeo copy..." >&2
-read -r copy_s copy_kib < <(measure copy skopeo --insecure-policy copy -q \
-    --src-tls-verify=false --dest-tls-verify=false "docker://$A/src/app:v1" "docker://$B/copy/app:v1")
-echo "tessera convert..." >&2
-read -r conv_s conv_kib < <(measure convert env DOCKER_CONFIG="$WORK" TESSERA_CONFIG=/dev/null \
-    "$TESSERA" convert --work-dir "$WORK" "$A/src/app:v1" "$B/tessera/app:v1")
+convert() { # OUT SRC DST [FLAGS...]
+    local out=$1 src=$2 dst=$3
+    shift 3
+    measure "$out" env DOCKER_CONFIG="$WORK" TESSERA_CONFIG=/dev/null \
+        "$TESSERA" convert --json --work-dir "$WORK" "$@" "$src" "$dst"
+}
 
-python3 - "$SIZE_MB" "$LAYER_BYTES" "$copy_s" "$copy_kib" "$conv_s" "$conv_kib" <<'PY'
-import sys
-size_mb, layer_bytes, copy_s, copy_kib, conv_s, conv_kib = sys.argv[1:]
-mb = int(size_mb) * (1 << 20) / 1e6
-copy_s, conv_s, copy_kib, conv_kib = float(copy_s), float(conv_s), int(copy_kib), int(conv_kib)
-print(f"image: {int(size_mb)} MiB of files, {int(layer_bytes) / (1 << 20):.0f} MiB of gzip layers\n")
-print("| | wall s | input MB/s | peak RSS MiB | RSS / image size |")
-print("|---|---|---|---|---|")
-print(f"| skopeo copy (baseline) | {copy_s:.1f} | {mb / copy_s:.0f} | {copy_kib / 1024:.0f} | {copy_kib * 1024 / (int(size_mb) << 20):.3f} |")
-print(f"| tessera convert | {conv_s:.1f} | {mb / conv_s:.0f} | {conv_kib / 1024:.0f} | {conv_kib * 1024 / (int(size_mb) << 20):.3f} |")
-print(f"| ratio convert / copy | {conv_s / copy_s:.2f}x | | {conv_kib / copy_kib:.2f}x | |")
+# --- 1. throughput and memory --------------------------------------------------------
+mkdir -p "$WORK/runs"
+for rep in $(seq "$REPS"); do
+    start_registry "b$rep" B
+    # Alternate which goes first, so neither always meets a colder machine.
+    if [ $((rep % 2)) = 1 ]; then order="copy convert"; else order="convert copy"; fi
+    for what in $order; do
+        step "repetition $rep/$REPS: $what"
+        case $what in
+        copy) measure "$WORK/runs/copy-$rep" skopeo --insecure-policy copy -q \
+                  --src-tls-verify=false --dest-tls-verify=false \
+                  "docker://$A/src/app:v1" "docker://$B/copy/app:v1" ;;
+        convert) convert "$WORK/runs/convert-$rep" "$A/src/app:v1" "$B/tessera/app:v1" ;;
+        esac
+    done
+    stop_registry "b$rep"
+done
+
+# --- 2. dedup across versions ----------------------------------------------------------
+mkdir -p "$WORK/dedup"
+if [[ " $TAGS " == *" v2 "* ]]; then
+    start_registry d D
+    step "dedup: plain OCI layers"
+    skopeo --insecure-policy copy -q --src-tls-verify=false --dest-tls-verify=false \
+        "docker://$A/src/app:v1" "docker://$D/oci/app:v1"
+    s0=$(stored d)
+    skopeo --insecure-policy copy -q --src-tls-verify=false --dest-tls-verify=false \
+        "docker://$A/src/app:v2" "docker://$D/oci/app:v2"
+    echo "oci - - $s0 $(($(stored d) - s0))" >"$WORK/dedup/growth"
+    for mode in $MODES; do
+        chunking=${mode%%:*} size=${mode#*:}
+        name="$chunking-$(echo "$size" | tr A-Z a-z)"
+        step "dedup: tessera convert v1, v2 with --chunking $chunking --chunk-size $size"
+        s0=$(stored d)
+        convert "$WORK/dedup/$name-v1" "$A/src/app:v1" "$D/$name/app:v1" \
+            --chunking "$chunking" --chunk-size "$size"
+        s1=$(stored d)
+        convert "$WORK/dedup/$name-v2" "$A/src/app:v2" "$D/$name/app:v2" \
+            --chunking "$chunking" --chunk-size "$size" --chunk-dict "$D/$name/app:v1"
+        echo "$name $chunking $size $((s1 - s0)) $(($(stored d) - s1))" >>"$WORK/dedup/growth"
+    done
+    stop_registry d
+fi
+
+# --- report ---------------------------------------------------------------------------
+step "summarising"
+python3 - "$ROOT" "$WORK" "$LAYOUT" "$IMAGE_DESC" "$REPS" "$JSON_OUT" "$TAGS" <<'PY'
+import hashlib, json, os, statistics, sys, tarfile
+root, work, layout, image_desc, reps, json_out, tags = sys.argv[1:]
+reps = int(reps)
+blobs = os.path.join(layout, "blobs", "sha256")
+def blob(digest):
+    return os.path.join(blobs, digest.split(":", 1)[1])
+def manifest(tag):
+    for m in json.load(open(os.path.join(layout, "index.json")))["manifests"]:
+        if m.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag:
+            return json.load(open(blob(m["digest"])))
+    sys.exit(f"no tag {tag} in {layout}")
+def timing(path):
+    s, kib = open(path + ".time").read().split()
+    return float(s), int(kib) * 1024
+def summary(path):
+    return json.load(open(path + ".out"))
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+
+v1 = manifest("v1")
+layer_bytes = sum(l["size"] for l in v1["layers"])
+# The input: file bytes the build read (the same in every repetition).
+input_bytes = summary(f"{work}/runs/convert-1")["images"][0]["build"]["bytes_in"]
+copies = [timing(f"{work}/runs/copy-{r}") for r in range(1, reps + 1)]
+converts = [timing(f"{work}/runs/convert-{r}") for r in range(1, reps + 1)]
+sums = [summary(f"{work}/runs/convert-{r}") for r in range(1, reps + 1)]
+med = statistics.median
+copy_s, copy_rss = med(s for s, _ in copies), med(m for _, m in copies)
+conv_s, conv_rss = med(s for s, _ in converts), med(m for _, m in converts)
+phases = {k: med(x[k] for x in sums) for k in ("pull_seconds", "build_seconds", "push_seconds")}
+build_stored = sums[0]["images"][0]["build"]["stored_bytes"]
+rows = [
+    {"method": "skopeo copy (baseline)", "seconds": copy_s, "input_mb_per_s": input_bytes / 1e6 / copy_s,
+     "peak_rss_bytes": copy_rss, "vs_baseline": 1.0, "output_bytes": layer_bytes},
+    {"method": "tessera convert", "seconds": conv_s, "input_mb_per_s": input_bytes / 1e6 / conv_s,
+     "peak_rss_bytes": conv_rss, "vs_baseline": copy_s / conv_s, "output_bytes": build_stored},
+]
+result = {
+    "scenario": "convert",
+    "image": image_desc,
+    "input_bytes": input_bytes,
+    "layer_bytes": layer_bytes,
+    "repetitions": reps,
+    "rows": rows,
+    "convert_phases": phases,
+    "build_mb_per_s": input_bytes / 1e6 / phases["build_seconds"],
+    "spread": {"copy_seconds": [min(s for s, _ in copies), max(s for s, _ in copies)],
+               "convert_seconds": [min(s for s, _ in converts), max(s for s, _ in converts)]},
+}
+
+if "v2" in tags.split():
+    v2 = manifest("v2")
+    shared = {l["digest"] for l in v1["layers"]} & {l["digest"] for l in v2["layers"]}
+    def contents(m):
+        """sha256 -> size of every regular file's content in the layers not shared."""
+        out = {}
+        for l in m["layers"]:
+            if l["digest"] in shared:
+                continue
+            with tarfile.open(blob(l["digest"]), "r|*") as tar:
+                for member in tar:
+                    if member.isreg():
+                        h = hashlib.sha256()
+                        f = tar.extractfile(member)
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                        out[h.hexdigest()] = member.size
+        return out
+    old, new = contents(v1), contents(v2)
+    changed = {h: n for h, n in new.items() if h not in old}
+    growth = {}
+    for line in open(f"{work}/dedup/growth"):
+        name, chunking, size, first, second = line.split()
+        growth[name] = (chunking, size, int(first), int(second))
+    _, _, oci_v1, oci_v2 = growth.pop("oci")
+    dedup = [{"method": "plain OCI layers (skopeo copy)", "v1_bytes": oci_v1, "v2_upload_bytes": oci_v2,
+              "v2_pushed_bytes": oci_v2, "total_bytes": oci_v1 + oci_v2, "vs_baseline": 1.0}]
+    for name, (chunking, size, g1, g2) in growth.items():
+        s1, s2 = summary(f"{work}/dedup/{name}-v1"), summary(f"{work}/dedup/{name}-v2")
+        b2 = s2["images"][0]["build"]
+        dedup.append({
+            "method": f"tessera, {'fixed' if chunking == 'fixed' else 'CDC avg'} {size}",
+            "v1_bytes": g1, "v2_upload_bytes": g2, "v2_pushed_bytes": s2["pushed_bytes"],
+            "total_bytes": g1 + g2, "vs_baseline": oci_v2 / g2,
+            "v1_chunks": s1["images"][0]["build"]["unique_chunks"],
+            "v2_new_chunks": b2["unique_chunks"] - b2["dict_chunks"],
+            "v2_dict_chunks": b2["dict_chunks"],
+            "v2_new_blob_bytes": (b2.get("new_blob") or {}).get("size", 0),
+            "v2_bootstrap_bytes": b2["bootstrap_bytes"],
+            "compression_ratio": s1["images"][0]["build"]["compression_ratio"],
+        })
+    result["dedup"] = dedup
+    result["v2_changed_files"] = len(changed)
+    result["v2_changed_bytes"] = sum(changed.values())
+    result["layers_shared"] = len(shared)
+
+if json_out:
+    os.makedirs(os.path.dirname(os.path.abspath(json_out)), exist_ok=True)
+    json.dump(result, open(json_out, "w"), indent=2)
+sys.path.insert(0, os.path.join(root, "benches"))
+from scenarios import convert
+print("\n".join(convert.render(result)))
 PY
