@@ -20,7 +20,10 @@
 //! `TESSERA_BENCH_IMAGE_SMALL=1` uses its smoke-size variant. Knobs:
 //! `TESSERA_BENCH_LAZY_CAP` (registry egress, default `200mbit`),
 //! `TESSERA_BENCH_REPS` (default 3), `TESSERA_BENCH_LAZY_AGENT_CONFIG` (TOML added to
-//! the agents' config, for experiments). `make bench-lazy-start` (root).
+//! the agents' config, for experiments), `TESSERA_BENCH_LAZY_CONVERT_ARGS` (more
+//! `tessera convert` arguments, e.g. `--chunk-size 256K`), `TESSERA_BENCH_LAZY_ONLY` (run only the
+//! methods whose name contains it, e.g. `tessera`, for experiments: no ratios, no
+//! JSON without the baseline). `make bench-lazy-start` (root).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
@@ -119,8 +122,10 @@ impl Bed {
     }
 
     fn convert(&self, src: &str, dst: &str, extra: &[&str]) {
+        let knob = std::env::var("TESSERA_BENCH_LAZY_CONVERT_ARGS").unwrap_or_default();
         run(tessera()
             .args(["convert", "--config", s(&self.config)])
+            .args(knob.split_whitespace())
             .args(extra)
             .args([&self.reference(src), &self.reference(dst)])
             .env("DOCKER_CONFIG", self.work.path()));
@@ -283,6 +288,12 @@ fn main() {
             tessera_mount(&bed, "v1-prefetch", rep)
         }),
     ];
+    let only = std::env::var("TESSERA_BENCH_LAZY_ONLY").unwrap_or_default();
+    let methods: Vec<_> = methods
+        .into_iter()
+        .filter(|(label, _)| label.contains(only.as_str()))
+        .collect();
+    let with_baseline = only.is_empty();
     let mut runs: Vec<Vec<Timing>> = vec![Vec::new(); methods.len()];
     // Interleaved, so a machine that slows down slows every method alike.
     for rep in 0..reps {
@@ -302,7 +313,11 @@ fn main() {
             )
         })
         .collect();
-    let baseline = summary[0].2;
+    let baseline = if with_baseline {
+        summary[0].2
+    } else {
+        f64::NAN
+    };
     let mib = |b: f64| b / f64::from(1 << 20);
     println!(
         "lazy start: a {:.0} MiB image ({description}), registry egress capped at {cap}, median of {reps}; the start-up reads {recorded} files",
@@ -320,7 +335,7 @@ fn main() {
         );
     }
     println!("ratio: baseline total / this total (above 1: faster than skopeo + umoci)");
-    if let Ok(path) = std::env::var("TESSERA_BENCH_JSON") {
+    if let (Ok(path), true) = (std::env::var("TESSERA_BENCH_JSON"), with_baseline) {
         let rows: Vec<serde_json::Value> = methods
             .iter()
             .zip(&summary)

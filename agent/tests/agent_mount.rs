@@ -420,6 +420,73 @@ fn slow_reads_are_counted_and_logged() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("slow reads"));
 }
 
+/// A read waits for its own chunk only: the rest of a merged Range request goes on
+/// arriving after the read has returned (a program starting up is not held for the
+/// neighbours it may never read), and lands in the cache.
+#[test]
+fn a_read_returns_before_the_rest_of_its_merged_run_arrives() {
+    let t = tempfile::tempdir().unwrap();
+    // One file of 4 incompressible 1 MiB chunks, fetched in one 4 MiB Range request.
+    let (files, layout) = files_image(t.path(), 1, |_| "big".into(), 4 << 20, 80);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let config = t.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[fetch]\nmerge_bytes = \"4M\"\nreadahead_bytes = 0\n",
+    )
+    .unwrap();
+    let agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--prefetch", "none", "--config", s(&config)],
+    );
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    // 1 MiB/s: the run takes about 4 s to arrive, its first chunk about 1 s.
+    proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: 1 << 20,
+        })
+        .method("GET")
+        .path("/blobs/"),
+    );
+    let fetched = |agent: &AgentProcess| {
+        agent.status()["mounts"][0]["pull"]["chunks_fetched"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut first = [0u8; 4096];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open(mnt.join("big")).unwrap(),
+        &mut first,
+    )
+    .unwrap();
+    assert_eq!(first[..], files[0].1[..4096]);
+    let sent = proxy.slow_bytes_sent();
+    assert!(
+        sent < 4 << 20,
+        "the read returned only after the registry had sent all {sent} bytes of the run"
+    );
+    let when_read = fetched(&agent);
+    assert!(
+        (1..4).contains(&when_read),
+        "the read returned with {when_read} of the run's 4 chunks fetched: {}",
+        agent.status()
+    );
+    // The rest arrives in the background and is cached: reading it all asks the
+    // registry for nothing more.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fetched(&agent) < 4 {
+        assert!(std::time::Instant::now() < deadline, "{}", agent.status());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let requests = proxy.log().len();
+    assert!(std::fs::read(mnt.join("big")).unwrap() == files[0].1);
+    assert_eq!(proxy.log().len(), requests, "the rest was cached");
+    assert_eq!(fetched(&agent), 4);
+}
+
 /// A cache smaller than the image: reading everything works and the cache stays
 /// within its capacity.
 #[test]

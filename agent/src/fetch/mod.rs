@@ -331,7 +331,16 @@ impl Fetcher {
     }
 
     /// The verified, uncompressed bytes of chunk `index` of `image`.
-    pub async fn chunk(&self, image: &ImageChunks, index: u32) -> Result<Arc<Vec<u8>>> {
+    ///
+    /// A leader's run goes on in the background once its first chunk is here: the
+    /// reader, usually one thread of a program starting up, goes on with its chunk
+    /// while the rest of the run arrives (and is answered chunk by chunk to whoever
+    /// waits for it), so it is not held for bytes it may never read.
+    pub async fn chunk(
+        self: &Arc<Self>,
+        image: &Arc<ImageChunks>,
+        index: u32,
+    ) -> Result<Arc<Vec<u8>>> {
         let info = image.bootstrap.chunk(index)?;
         let key = image.key(&info);
         let fail = |reason: String| Error::Chunk {
@@ -365,22 +374,30 @@ impl Fetcher {
                     None => Role::Lead(self.plan_run(&mut inflight, image, info, key)),
                 }
             };
-            match role {
+            let mut rx = match role {
                 Role::Lead(run) => {
-                    let data = self.lead(image, run).await.map_err(fail)?;
+                    let rx = run[0].done.subscribe();
+                    let (fetcher, image) = (self.clone(), image.clone());
+                    let runtime = tokio::runtime::Handle::current();
+                    // A blocking thread: the cache does file I/O and hashing.
+                    tokio::task::spawn_blocking(move || {
+                        runtime.block_on(fetcher.lead(&image, run));
+                    });
+                    rx
+                }
+                Role::Wait(rx) => rx,
+            };
+            let answered = rx.wait_for(Option::is_some).await.map(|o| o.clone());
+            match answered {
+                Ok(outcome) => {
+                    let data = outcome
+                        .unwrap_or_else(|| Err("no result".into()))
+                        .map_err(fail)?;
                     self.remember(key, &data);
                     return Ok(data);
                 }
-                Role::Wait(mut rx) => match rx.wait_for(Option::is_some).await {
-                    Ok(outcome) => {
-                        return outcome
-                            .clone()
-                            .unwrap_or_else(|| Err("no result".into()))
-                            .map_err(fail)
-                    }
-                    // The leader went away without an answer: try again, maybe as leader.
-                    Err(_) => continue,
-                },
+                // The leader went away without an answer: try again, maybe as leader.
+                Err(_) => continue,
             }
         }
     }
@@ -433,20 +450,27 @@ impl Fetcher {
             .collect()
     }
 
-    /// Fetches a planned run and answers everyone waiting on it; returns the first
-    /// chunk's outcome.
-    async fn lead(&self, image: &ImageChunks, run: Vec<Planned>) -> Outcome {
+    /// Fetches a planned run; each chunk is answered as soon as it is verified
+    /// ([`accept`](Self::accept)), the failures at the end.
+    async fn lead(&self, image: &ImageChunks, run: Vec<Planned>) {
         self.metrics.inflight.inc();
         let outcomes = self.fetch_run(image, &run).await;
         self.metrics.inflight.dec();
-        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        let mut first = None;
-        for (planned, outcome) in run.into_iter().zip(outcomes) {
-            inflight.remove(&planned.key);
-            let _ = planned.done.send(Some(outcome.clone()));
-            first.get_or_insert(outcome);
+        for (planned, outcome) in run.iter().zip(outcomes) {
+            if planned.done.borrow().is_none() {
+                self.answer(planned, outcome);
+            }
         }
-        first.unwrap_or_else(|| Err("empty fetch".into()))
+    }
+
+    /// Answers everyone waiting for a chunk of a run; from now on it is no longer in
+    /// flight (a verified chunk is in the cache by then).
+    fn answer(&self, planned: &Planned, outcome: Outcome) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&planned.key);
+        let _ = planned.done.send(Some(outcome));
     }
 
     /// Fetches the run: from peers first when in a swarm, then what is still missing
@@ -486,8 +510,9 @@ impl Fetcher {
         family.get_or_create(&source.label()).inc();
     }
 
-    /// Caches a verified chunk of the run and makes it the chunk's outcome; `true`
-    /// when it was cached (so it may be announced: peers are served from the cache).
+    /// Caches a verified chunk of the run, makes it the chunk's outcome and answers its
+    /// waiters at once; `true` when it was cached (so it may be announced: peers are
+    /// served from the cache).
     fn accept(&self, planned: &Planned, data: Vec<u8>, slot: &mut Option<Outcome>) -> bool {
         let cached = match self.cache.put(&planned.key, &data) {
             Ok(()) => true,
@@ -497,7 +522,9 @@ impl Fetcher {
                 false
             }
         };
-        *slot = Some(Ok(Arc::new(data)));
+        let outcome: Outcome = Ok(Arc::new(data));
+        self.answer(planned, outcome.clone());
+        *slot = Some(outcome);
         cached
     }
 
@@ -522,31 +549,85 @@ impl Fetcher {
             let end = run[hi].info.compressed_offset + u64::from(run[hi].info.compressed_size);
             let blob = &image.blob_digests[run[lo].info.blob_index as usize];
             let started = Instant::now();
-            let bytes = match self
-                .origin
-                .blob_range(&image.reference, blob, start..end)
-                .await
-            {
-                Ok(b) => b,
-                Err(e) => {
-                    self.count_failure(image, Source::Origin, false);
-                    tracing::warn!(image = %image.reference, blob, start, end, attempt, error = %e, "origin fetch failed");
-                    if let Some(network) = &self.network {
-                        // Frees the scheduler's origin slot for another agent.
-                        network.report(
-                            None,
-                            blob,
-                            (start, end),
-                            0,
-                            started.elapsed(),
-                            tessera_proto::pb::Outcome::Connection,
-                        );
+            let mut held = Vec::new();
+            // Chunks of `pending` looked at in this attempt, in blob order: each is
+            // verified and answered as soon as its last byte is here.
+            let mut looked_at = 0;
+            let mut take = |arrived: &[u8]| {
+                while let Some(&i) = pending.get(looked_at) {
+                    let info = &run[i].info;
+                    let from = (info.compressed_offset - start) as usize;
+                    let to = from + info.compressed_size as usize;
+                    if arrived.len() < to {
+                        break;
                     }
-                    last_error = e.to_string();
-                    continue;
+                    looked_at += 1;
+                    match decode_and_verify(
+                        &arrived[from..to],
+                        info.compression,
+                        info.uncompressed_size,
+                        image.bootstrap.digest_algo(),
+                        &info.digest,
+                    ) {
+                        Ok(data) => {
+                            let len = data.len() as u64;
+                            image.stats.origin_bytes.fetch_add(len, Ordering::Relaxed);
+                            image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
+                            self.metrics.record(Source::Origin, len, started.elapsed());
+                            if self.accept(&run[i], data, &mut outcomes[i]) {
+                                held.push(blob_range(info));
+                            }
+                        }
+                        Err(reason) => {
+                            self.count_failure(image, Source::Origin, true);
+                            tracing::error!(
+                                image = %image.reference,
+                                chunk = info.index,
+                                blob,
+                                offset = info.compressed_offset,
+                                attempt,
+                                reason,
+                                "chunk from origin failed verification; discarded"
+                            );
+                            last_error = format!("failed verification: {reason}");
+                        }
+                    }
                 }
             };
-            let mut held = Vec::new();
+            let fetched = self
+                .origin
+                .blob_range_streamed(&image.reference, blob, start..end, &mut take)
+                .await;
+            let e = match fetched {
+                // Every chunk has been looked at by now; this is for a client that
+                // shows the bytes only at the end.
+                Ok(bytes) => {
+                    take(&bytes);
+                    None
+                }
+                Err(e) => Some(e),
+            };
+            if let Some(e) = e {
+                self.count_failure(image, Source::Origin, false);
+                tracing::warn!(image = %image.reference, blob, start, end, attempt, error = %e, "origin fetch failed");
+                if let Some(network) = &self.network {
+                    // Frees the scheduler's origin slot for another agent.
+                    network.report(
+                        None,
+                        blob,
+                        (start, end),
+                        0,
+                        started.elapsed(),
+                        tessera_proto::pb::Outcome::Connection,
+                    );
+                }
+                last_error = e.to_string();
+                // What was verified before the cut is kept (and may be announced).
+                if let Some(network) = &self.network {
+                    network.held(blob, held);
+                }
+                continue;
+            }
             image
                 .stats
                 .origin_wire_bytes
@@ -561,41 +642,6 @@ impl Fetcher {
                     started.elapsed(),
                     tessera_proto::pb::Outcome::Ok,
                 );
-            }
-            for &i in &pending {
-                let info = &run[i].info;
-                let from = (info.compressed_offset - start) as usize;
-                let stored = &bytes[from..from + info.compressed_size as usize];
-                match decode_and_verify(
-                    stored,
-                    info.compression,
-                    info.uncompressed_size,
-                    image.bootstrap.digest_algo(),
-                    &info.digest,
-                ) {
-                    Ok(data) => {
-                        let len = data.len() as u64;
-                        image.stats.origin_bytes.fetch_add(len, Ordering::Relaxed);
-                        image.stats.chunks_fetched.fetch_add(1, Ordering::Relaxed);
-                        self.metrics.record(Source::Origin, len, started.elapsed());
-                        if self.accept(&run[i], data, &mut outcomes[i]) {
-                            held.push(blob_range(info));
-                        }
-                    }
-                    Err(reason) => {
-                        self.count_failure(image, Source::Origin, true);
-                        tracing::error!(
-                            image = %image.reference,
-                            chunk = info.index,
-                            blob,
-                            offset = info.compressed_offset,
-                            attempt,
-                            reason,
-                            "chunk from origin failed verification; discarded"
-                        );
-                        last_error = format!("failed verification: {reason}");
-                    }
-                }
             }
             if let Some(network) = &self.network {
                 network.held(blob, held);

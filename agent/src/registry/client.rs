@@ -615,7 +615,22 @@ impl RegistryClient {
         digest: &str,
         range: Range<u64>,
     ) -> Result<Vec<u8>, Error> {
-        self.blob_range_as(r, digest, range, None).await
+        self.blob_range_as(r, digest, range, None, &mut |_| {})
+            .await
+    }
+
+    /// [`blob_range`](Self::blob_range), showing `arrived` the bytes received so far
+    /// (from the range's start) each time more arrive, so a caller can use the front of
+    /// a long range before its end is here. After a cut-off body is asked for again,
+    /// `arrived` sees the range from its start again.
+    pub async fn blob_range_streamed(
+        &self,
+        r: &Reference,
+        digest: &str,
+        range: Range<u64>,
+        arrived: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<Vec<u8>, Error> {
+        self.blob_range_as(r, digest, range, None, arrived).await
     }
 
     /// [`blob_range`](Self::blob_range) on behalf of a client with its own
@@ -627,7 +642,7 @@ impl RegistryClient {
         range: Range<u64>,
         client_auth: Option<String>,
     ) -> Result<Vec<u8>, Error> {
-        self.blob_range_as(r, digest, range, Some(client_auth))
+        self.blob_range_as(r, digest, range, Some(client_auth), &mut |_| {})
             .await
     }
 
@@ -637,12 +652,13 @@ impl RegistryClient {
         digest: &str,
         range: Range<u64>,
         forwarded: Option<Option<String>>,
+        arrived: &mut (dyn FnMut(&[u8]) + Send),
     ) -> Result<Vec<u8>, Error> {
         let what = format!("blob {digest} bytes {}..{}", range.start, range.end);
         let mut attempt = 0;
         loop {
             match self
-                .blob_range_once(r, digest, range.clone(), &what, forwarded.clone())
+                .blob_range_once(r, digest, range.clone(), &what, forwarded.clone(), arrived)
                 .await
             {
                 Err(Error::Transport { reason, .. })
@@ -664,6 +680,7 @@ impl RegistryClient {
         range: Range<u64>,
         what: &str,
         forwarded: Option<Option<String>>,
+        arrived: &mut (dyn FnMut(&[u8]) + Send),
     ) -> Result<Vec<u8>, Error> {
         let proto = |reason: String| Error::Protocol {
             registry: r.registry.clone(),
@@ -698,6 +715,7 @@ impl RegistryClient {
                         )));
                     }
                     out.extend_from_slice(&chunk);
+                    arrived(&out);
                 }
             }
             StatusCode::OK => {
@@ -712,6 +730,7 @@ impl RegistryClient {
                     let from = range.start.saturating_sub(start) as usize;
                     let to = (range.end.min(end) - start) as usize;
                     out.extend_from_slice(&chunk[from..to]);
+                    arrived(&out);
                     if out.len() == want {
                         break;
                     }

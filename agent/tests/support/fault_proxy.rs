@@ -117,6 +117,14 @@ pub struct Logged {
 }
 
 impl FaultProxy {
+    /// Body bytes slowed responses (`Fault::SlowBody`) have sent so far: how far a
+    /// slow transfer has got at a given moment.
+    pub fn slow_bytes_sent(&self) -> u64 {
+        self.state
+            .slow_sent
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Body bytes of blob responses so far: the origin egress the tests bound.
     pub fn blob_bytes(&self) -> u64 {
         self.log()
@@ -143,6 +151,7 @@ impl FaultProxy {
             upstream: upstream.to_string(),
             rules: Mutex::new(Vec::new()),
             log: Mutex::new(Vec::new()),
+            slow_sent: Default::default(),
         });
         let server = {
             let state = Arc::clone(&state);
@@ -182,6 +191,8 @@ struct State {
     /// Rules with how many requests have matched each so far.
     rules: Mutex<Vec<(Rule, u32)>>,
     log: Mutex<Vec<Logged>>,
+    /// Body bytes slowed responses (`SlowBody`) have written to clients so far.
+    slow_sent: std::sync::atomic::AtomicU64,
 }
 
 /// A response read whole from upstream.
@@ -258,6 +269,8 @@ impl State {
                 for part in upstream.body.chunks(slice) {
                     client.write_all(part)?;
                     client.flush()?;
+                    self.slow_sent
+                        .fetch_add(part.len() as u64, std::sync::atomic::Ordering::SeqCst);
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Ok(())
