@@ -1,70 +1,251 @@
-//! The swarm benchmark: N agents (1, 5, 10, 20), each on its own host of a
-//! network-namespace cluster, start reading the same image at the same moment from a
-//! registry whose egress is capped; the same pulls with P2P off run beside them in the
-//! same run. Prints, per N, the completion time of the last agent and the registry's
-//! egress (counted on its own interface), as the published 1/5/50-node table does.
+//! The swarm benchmark: N nodes (1, 5, 10, 20), each a host of a network-namespace
+//! cluster, pull one image at the same moment from a registry whose egress is capped.
+//! Four ways, side by side in one run, on the same image (random files in four layers,
+//! pushed as a plain OCI image and converted for Tessera):
 //!
-//! `make bench-swarm` (root; builds the release binaries first). Knobs:
-//! `TESSERA_BENCH_SWARM_NODES` (default `1,5,10,20`), `TESSERA_BENCH_SWARM_MB` (image
-//! size, default 32), `TESSERA_BENCH_SWARM_CAP` (registry egress, default `200mbit`).
+//! 1. `ctr image pull --plain-http` straight from the registry: what a cluster without
+//!    Tessera does (the baseline);
+//! 2. `tessera mount` and a read of every file through the lazy mount, P2P off
+//!    (`--no-p2p`): every node fetches its own copy;
+//! 3. the same with P2P on (a scheduler; agents fetch from each other);
+//! 4. `ctr image pull` through each node's agent as its registry mirror (`hosts.toml`),
+//!    P2P on.
+//!
+//! For each N and method: the time until the last node is done (from the same moment
+//! for every node), the registry's egress (counted on its own interface), its multiple
+//! of the image's size, and ratios against the baseline at the same N and against the
+//! same method on one node. Prints Markdown; with `TESSERA_BENCH_JSON=FILE` writes the
+//! figures as JSON (`benches/scenarios/swarm.py` renders them).
+//!
+//! Every run starts cold: new agents, caches and containerds on the same hosts, the
+//! scheduler restarted empty. Each run is bounded (`TESSERA_BENCH_SWARM_TIMEOUT`,
+//! default 300 s: then the run's agents and containerds are killed and the benchmark
+//! fails), and everything (processes, mounts, namespaces, files) is removed on the way
+//! out, also after a failure.
+//!
+//! `make bench-swarm` (root). Knobs: `TESSERA_BENCH_SWARM_NODES` (default `1,5,10,20`;
+//! 1 is always measured), `TESSERA_BENCH_SWARM_MB` (image size, default 96),
+//! `TESSERA_BENCH_SWARM_CAP` (registry egress, default `200mbit`), `TESSERA_BENCH_REPS`
+//! (default 1; medians of interleaved repetitions).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
 #[path = "../agent/tests/support/mod.rs"]
 mod support;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use support::agent::AgentProcess;
+use support::containerd::{Containerd, PullOptions};
+use support::mirror::MIRROR;
+use support::netns::NetHost;
 use support::swarm::{wait_registered, Swarm};
+use support::{s, tessera_ok};
 
-struct Run {
-    last_done: Duration,
-    egress: u64,
-    image: u64,
+#[derive(Clone, Copy, PartialEq)]
+enum Method {
+    CtrDirect,
+    LazyNoP2p,
+    LazyP2p,
+    CtrMirror,
 }
 
-/// One pull by `n` agents, P2P on or off.
-fn run(n: usize, p2p: bool, mb: usize, cap: &str) -> Run {
-    let files = (mb / 8).max(1) as u64;
-    let mut swarm = Swarm::new(files, 8 << 20, cap, &[]);
-    let extra: &[&str] = if p2p { &[] } else { &["--no-p2p"] };
-    let agents: Vec<_> = (0..n).map(|_| swarm.agent(extra)).collect();
-    if p2p {
-        agents.iter().for_each(wait_registered);
-    }
-    let mounts: Vec<_> = agents.iter().map(|a| swarm.mount(a)).collect();
-    let before = swarm.origin_tx();
-    let barrier = std::sync::Barrier::new(n);
-    let start = Instant::now();
-    let done: Vec<Duration> = std::thread::scope(|scope| {
-        let handles: Vec<_> = mounts
-            .iter()
-            .enumerate()
-            .map(|(k, mnt)| {
-                let (swarm, barrier) = (&swarm, &barrier);
-                scope.spawn(move || {
-                    barrier.wait();
-                    for i in 0..swarm.files.len() {
-                        let (path, data) = &swarm.files[(i + k) % swarm.files.len()];
-                        assert!(std::fs::read(mnt.join(path)).unwrap() == *data, "{path}");
-                    }
-                    start.elapsed()
-                })
+/// In the order they run; the first is the baseline.
+const METHODS: [(Method, &str); 4] = [
+    (Method::CtrDirect, "ctr pull, straight from the registry"),
+    (Method::LazyNoP2p, "tessera lazy read, P2P off"),
+    (Method::LazyP2p, "tessera lazy read, P2P"),
+    (
+        Method::CtrMirror,
+        "ctr pull through the tessera mirror, P2P",
+    ),
+];
+
+struct Bench {
+    swarm: Swarm,
+    /// One host per node, reused by every run (each run's processes on it are new).
+    hosts: Vec<NetHost>,
+    /// containerd's hosts directory pointing it at the node's agent.
+    hosts_dir: PathBuf,
+    timeout: Duration,
+    runs: usize,
+}
+
+/// What one run measured.
+#[derive(Clone, Copy)]
+struct Run {
+    last_done: f64,
+    egress: u64,
+}
+
+/// A node's processes for one run. Fields drop in order: containerd, then the agent.
+struct Node {
+    containerd: Option<Containerd>,
+    agent: Option<AgentProcess>,
+}
+
+impl Bench {
+    /// `n` nodes pull at once by `method`; everything they made is removed after.
+    fn run(&mut self, method: Method, n: usize) -> Run {
+        self.runs += 1;
+        let dir = self.swarm.dir().join(format!("run{}", self.runs));
+        // An empty scheduler: nothing known of the last run's (gone) agents.
+        self.swarm.scheduler.restart();
+        let nodes: Vec<Node> = (0..n)
+            .map(|i| {
+                self.node(
+                    method,
+                    &self.hosts[i].clone(),
+                    &dir.join(format!("node{i}")),
+                )
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    Run {
-        last_done: done.into_iter().max().unwrap_or_default(),
-        egress: swarm.origin_tx() - before,
-        image: swarm.image_bytes,
+        if matches!(method, Method::LazyP2p | Method::CtrMirror) {
+            nodes
+                .iter()
+                .filter_map(|n| n.agent.as_ref())
+                .for_each(wait_registered);
+        }
+        let before = self.swarm.origin_tx();
+        let last_done = self.pull_all(method, &nodes);
+        let egress = self.swarm.origin_tx() - before;
+        let agent_dirs: Vec<PathBuf> = nodes
+            .iter()
+            .filter_map(|n| n.agent.as_ref().map(|a| a.dir.clone()))
+            .collect();
+        drop(nodes);
+        for d in agent_dirs.iter().chain([&dir]) {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        Run { last_done, egress }
     }
+
+    fn node(&mut self, method: Method, host: &NetHost, dir: &Path) -> Node {
+        let agent = match method {
+            Method::CtrDirect => None,
+            Method::LazyNoP2p => Some(self.swarm.agent_in(host, &["--no-p2p"])),
+            Method::LazyP2p => Some(self.swarm.agent_in(host, &[])),
+            Method::CtrMirror => Some(self.swarm.agent_in(host, &["--mirror-listen", MIRROR])),
+        };
+        let containerd = matches!(method, Method::CtrDirect | Method::CtrMirror)
+            .then(|| Containerd::start_in(&dir.join("containerd"), host));
+        Node { containerd, agent }
+    }
+
+    /// Every node pulls from the same moment; returns when the last is done (seconds).
+    fn pull_all(&self, method: Method, nodes: &[Node]) -> f64 {
+        let barrier = std::sync::Barrier::new(nodes.len());
+        let start = Instant::now();
+        let (finished, watch) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || self.watchdog(&watch, nodes));
+            let handles: Vec<_> = nodes
+                .iter()
+                .enumerate()
+                .map(|(k, node)| {
+                    let barrier = &barrier;
+                    scope.spawn(move || {
+                        barrier.wait();
+                        self.pull(method, node, k);
+                        start.elapsed().as_secs_f64()
+                    })
+                })
+                .collect();
+            let done: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+            drop(finished);
+            // Re-raise a node's failure (after the watchdog is told to stand down).
+            done.into_iter()
+                .map(|d| d.unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .fold(0.0, f64::max)
+        })
+    }
+
+    /// One node's pull by `method`; node `k` reads the files starting at the `k`th.
+    fn pull(&self, method: Method, node: &Node, k: usize) {
+        let swarm = &self.swarm;
+        match (method, &node.containerd, &node.agent) {
+            (Method::CtrDirect, Some(containerd), _) => {
+                containerd.pull_ok(&swarm.plain_reference, &PullOptions::plain_http());
+            }
+            (Method::CtrMirror, Some(containerd), Some(_)) => {
+                let opts = PullOptions {
+                    hosts_dir: Some(self.hosts_dir.clone()),
+                    ..PullOptions::default()
+                };
+                containerd.pull_ok(&swarm.plain_reference, &opts);
+            }
+            (_, None, Some(agent)) => {
+                let mnt = swarm.mount(agent);
+                for i in 0..swarm.files.len() {
+                    let (path, data) = &swarm.files[(i + k) % swarm.files.len()];
+                    let got = std::fs::read(mnt.join(path))
+                        .unwrap_or_else(|e| panic!("read {path} through the mount: {e}"));
+                    assert!(got == *data, "{path} read through the mount differs");
+                }
+            }
+            _ => unreachable!("a node has what its method needs"),
+        }
+    }
+
+    /// Kills the run's agents and containerds if it is not over within the timeout,
+    /// so its pulls fail (and the benchmark with them) instead of hanging.
+    fn watchdog(&self, finished: &mpsc::Receiver<()>, nodes: &[Node]) {
+        if finished.recv_timeout(self.timeout) != Err(mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        eprintln!(
+            "swarm: a run took longer than {:?} (TESSERA_BENCH_SWARM_TIMEOUT); stopping it",
+            self.timeout
+        );
+        let mut pids: Vec<u32> = nodes
+            .iter()
+            .filter_map(|n| n.containerd.as_ref().map(Containerd::pid))
+            .collect();
+        pids.extend(
+            nodes
+                .iter()
+                .filter_map(|n| n.agent.as_ref())
+                .filter_map(|a| agent_pid(&a.socket)),
+        );
+        for pid in pids {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// The pid of the agent this benchmark started with `--socket SOCKET` (a path unique to
+/// it); an agent killed leaves its FUSE mount's readers with an error, not a hang.
+fn agent_pid(socket: &Path) -> Option<u32> {
+    let want = socket.as_os_str().as_encoded_bytes();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let mut args = cmdline.split(|&b| b == 0).skip(1);
+        (args.next() == Some(b"agent".as_slice()) && args.any(|a| a == b"--socket"))
+            .then(|| args.next())
+            .flatten()
+            .filter(|a| *a == want)
+            .map(|_| pid)
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.into())
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing to parse.
-    let nodes: Vec<usize> = std::env::var("TESSERA_BENCH_SWARM_NODES")
-        .unwrap_or_else(|_| "1,5,10,20".into())
+    let mut nodes: Vec<usize> = env("TESSERA_BENCH_SWARM_NODES", "1,5,10,20")
         .split(',')
         .map(|n| {
             n.trim()
@@ -72,33 +253,141 @@ fn main() {
                 .expect("TESSERA_BENCH_SWARM_NODES: numbers")
         })
         .collect();
-    let mb: usize = std::env::var("TESSERA_BENCH_SWARM_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(32);
-    let cap = std::env::var("TESSERA_BENCH_SWARM_CAP").unwrap_or_else(|_| "200mbit".into());
-    println!("swarm: {mb} MiB image of random files, registry egress capped at {cap}");
-    println!(
-        "{:>5} | {:>12} {:>12} {:>7} | {:>14} {:>14} {:>7}",
-        "nodes", "last done", "last done", "", "origin egress", "origin egress", ""
+    // One node alone is what the mission's completion target is measured against.
+    nodes.push(1);
+    nodes.sort_unstable();
+    nodes.dedup();
+    let mb: usize = env("TESSERA_BENCH_SWARM_MB", "96")
+        .parse()
+        .expect("TESSERA_BENCH_SWARM_MB: a number");
+    let cap = env("TESSERA_BENCH_SWARM_CAP", "200mbit");
+    let reps: usize = env("TESSERA_BENCH_REPS", "1")
+        .parse()
+        .expect("TESSERA_BENCH_REPS: a number");
+    let timeout = Duration::from_secs(
+        env("TESSERA_BENCH_SWARM_TIMEOUT", "300")
+            .parse()
+            .expect("TESSERA_BENCH_SWARM_TIMEOUT: seconds"),
     );
-    println!(
-        "{:>5} | {:>12} {:>12} {:>7} | {:>14} {:>14} {:>7}",
-        "", "P2P off", "P2P on", "speedup", "P2P off", "P2P on", "ratio"
-    );
-    for &n in &nodes {
-        let off = run(n, false, mb, &cap);
-        let on = run(n, true, mb, &cap);
-        let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1 << 20));
-        println!(
-            "{n:>5} | {:>11.2}s {:>11.2}s {:>6.1}x | {:>14} {:>14} {:>6.2}x",
-            off.last_done.as_secs_f64(),
-            on.last_done.as_secs_f64(),
-            off.last_done.as_secs_f64() / on.last_done.as_secs_f64().max(1e-9),
-            mib(off.egress),
-            mib(on.egress),
-            on.egress as f64 / on.image as f64,
-        );
+    let began = Instant::now();
+
+    // 8 MiB files (fewer for a small image), in four layers.
+    let file_size = (mb.clamp(1, 32) << 20) / 4;
+    let files = ((mb << 20) / file_size).max(1) as u64;
+    let mut swarm = Swarm::layered(files, file_size, 4, &cap);
+    let hosts_dir = swarm.dir().join("certs.d");
+    let registry = swarm.reference.split('/').next().unwrap().to_string();
+    tessera_ok(&[
+        "containerd-config",
+        "--registry",
+        &registry,
+        "--insecure",
+        &registry,
+        "--mirror",
+        &format!("http://{MIRROR}"),
+        "--certs-dir",
+        s(&hosts_dir),
+        "--containerd-config",
+        s(&swarm.dir().join("no-containerd-config.toml")),
+    ]);
+    let most = *nodes.iter().max().unwrap();
+    let hosts = (0..most).map(|_| swarm.host()).collect();
+    let mut bench = Bench {
+        swarm,
+        hosts,
+        hosts_dir,
+        timeout,
+        runs: 0,
+    };
+
+    // runs[method][nodes index]: every repetition.
+    let mut runs = vec![vec![Vec::new(); nodes.len()]; METHODS.len()];
+    for (j, &n) in nodes.iter().enumerate() {
+        // Interleaved, so a machine that slows down slows every method alike.
+        for _ in 0..reps {
+            for (i, (method, label)) in METHODS.iter().enumerate() {
+                let run = bench.run(*method, n);
+                eprintln!(
+                    "swarm: {n} node(s), {label}: {:.2} s, registry sent {:.1} MiB",
+                    run.last_done,
+                    run.egress as f64 / f64::from(1 << 20)
+                );
+                runs[i][j].push(run);
+            }
+        }
     }
-    println!("ratio: P2P-on origin egress / the image's compressed size (1.00 = each byte once)");
+    report(&bench.swarm, &nodes, &runs, &cap, reps, began.elapsed());
+}
+
+/// Prints the table and writes the JSON.
+fn report(
+    swarm: &Swarm,
+    nodes: &[usize],
+    runs: &[Vec<Vec<Run>>],
+    cap: &str,
+    reps: usize,
+    took: Duration,
+) {
+    let time = |i: usize, j: usize| median(runs[i][j].iter().map(|r| r.last_done).collect());
+    let egress = |i: usize, j: usize| median(runs[i][j].iter().map(|r| r.egress as f64).collect());
+    let image = |i: usize| match METHODS[i].0 {
+        Method::CtrDirect | Method::CtrMirror => swarm.plain_image_bytes,
+        Method::LazyNoP2p | Method::LazyP2p => swarm.image_bytes,
+    } as f64;
+    let mib = |b: f64| b / f64::from(1 << 20);
+    println!(
+        "swarm: {} files, {:.1} MiB (plain image {:.1} MiB, converted {:.1} MiB), registry egress capped at {cap}, median of {reps}; {:.0} s in all",
+        swarm.files.len(),
+        mib(swarm.total() as f64),
+        mib(swarm.plain_image_bytes as f64),
+        mib(swarm.image_bytes as f64),
+        took.as_secs_f64()
+    );
+    println!(
+        "| method | nodes | last done s | vs ctr pull | vs 1 node | registry sent | x image |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut rows = Vec::new();
+    for (i, (_, label)) in METHODS.iter().enumerate() {
+        for (j, &n) in nodes.iter().enumerate() {
+            let (t, e) = (time(i, j), egress(i, j));
+            let vs_baseline = time(0, j) / t.max(1e-9);
+            let vs_alone = t / time(i, 0).max(1e-9);
+            let times_image = e / image(i);
+            println!(
+                "| {label} | {n} | {t:.2} | {vs_baseline:.2}x | {vs_alone:.2}x | {:.1} MiB | {times_image:.2}x |",
+                mib(e)
+            );
+            rows.push(serde_json::json!({
+                "method": label,
+                "nodes": n,
+                "last_done_seconds": t,
+                "vs_baseline": vs_baseline,
+                "vs_alone": vs_alone,
+                "registry_bytes": e,
+                "egress_vs_image": times_image,
+            }));
+        }
+    }
+    println!("vs ctr pull: the baseline's time / this time at the same N (above 1: faster);");
+    println!(
+        "vs 1 node: this time / the same method's on one node; x image: registry sent / image size"
+    );
+    if let Ok(path) = std::env::var("TESSERA_BENCH_JSON") {
+        let json = serde_json::json!({
+            "scenario": "swarm",
+            "files": swarm.files.len(),
+            "layers": 4,
+            "image_bytes": swarm.image_bytes,
+            "plain_image_bytes": swarm.plain_image_bytes,
+            "file_bytes": swarm.total(),
+            "registry_cap": cap,
+            "repetitions": reps,
+            "nodes": nodes,
+            "baseline": METHODS[0].1,
+            "seconds": took.as_secs_f64(),
+            "rows": rows,
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    }
 }

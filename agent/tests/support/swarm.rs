@@ -1,6 +1,6 @@
-//! A P2P test bed on a [`Cluster`]: a registry (egress capped) holding one converted
-//! image of random files, a scheduler, and agents added one host each. Shared by the
-//! P2P tests and the swarm benchmark.
+//! A P2P test bed on a [`Cluster`]: a registry (egress capped) holding one image of
+//! random files, plain (`src/app:v1`) and converted (`tessera/app:v1`), a scheduler,
+//! and agents added one host each. Shared by the P2P tests and the swarm benchmark.
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +27,10 @@ pub struct Swarm {
     pub files: Vec<(String, Vec<u8>)>,
     /// Compressed size of the converted image (blobs, bootstrap, config).
     pub image_bytes: u64,
+    /// The plain OCI image the converted one was made from (`src/app:v1`).
+    pub plain_reference: String,
+    /// Its size: manifest, config and layers.
+    pub plain_image_bytes: u64,
     agents: usize,
     t: tempfile::TempDir,
 }
@@ -44,6 +48,23 @@ impl Swarm {
         size: usize,
         cap: &str,
         replicas: usize,
+        scheduler_args: &[&str],
+    ) -> Swarm {
+        Swarm::build(count, size, cap, replicas, 1, scheduler_args)
+    }
+
+    /// As [`Swarm::new`], the files spread over `layers` layers of the plain image (as
+    /// real images are made; containerd fetches layers in parallel).
+    pub fn layered(count: u64, size: usize, layers: usize, cap: &str) -> Swarm {
+        Swarm::build(count, size, cap, 1, layers, &[])
+    }
+
+    fn build(
+        count: u64,
+        size: usize,
+        cap: &str,
+        replicas: usize,
+        layers: usize,
         scheduler_args: &[&str],
     ) -> Swarm {
         let t = tempfile::tempdir().unwrap();
@@ -71,12 +92,17 @@ impl Swarm {
             .map(|i| (format!("data/file{i:02}.bin"), pseudo_random(size, 700 + i)))
             .collect();
         let layout = t.path().join("layout");
-        build_files_image(
-            &layout,
-            "amd64",
-            &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
-        );
+        let per_layer = files.len().div_ceil(layers.max(1)).max(1);
+        let as_layers: Vec<Vec<(&str, Vec<u8>)>> = files
+            .chunks(per_layer)
+            .map(|c| c.iter().map(|(p, d)| (p.as_str(), d.clone())).collect())
+            .collect();
+        build_files_image(&layout, "amd64", &as_layers);
         registry.push_layout(&layout, oci::TAG, "src/app");
+        let plain_image_bytes = std::fs::read_dir(layout.join("blobs/sha256"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
         let config = t.path().join("agent.toml");
         std::fs::write(
             &config,
@@ -102,6 +128,8 @@ impl Swarm {
             replicas,
             image_bytes: summary["pushed_bytes"].as_u64().unwrap(),
             reference: format!("{}/tessera/app:v1", registry.addr),
+            plain_reference: format!("{}/src/app:{}", registry.addr, oci::TAG),
+            plain_image_bytes,
             _registry: registry,
             registry_host,
             cluster,
@@ -114,9 +142,20 @@ impl Swarm {
 
     /// A new agent on its own host, in the swarm, with `extra` flags.
     pub fn agent(&mut self, extra: &[&str]) -> AgentProcess {
+        let host = self.host();
+        self.agent_in(&host, extra)
+    }
+
+    /// A new host in the cluster (for agents one after another, or a containerd).
+    pub fn host(&mut self) -> NetHost {
+        self.cluster.add_host("node")
+    }
+
+    /// A new agent (own id, files and cache) on `host`, in the swarm, with `extra`
+    /// flags; the host's previous agent, if any, must have stopped.
+    pub fn agent_in(&mut self, host: &NetHost, extra: &[&str]) -> AgentProcess {
         self.agents += 1;
         let n = self.agents;
-        let host = self.cluster.add_host(&format!("agent{n}"));
         let peer_listen = format!("{}:7081", host.ip);
         let id = format!("agent{n}");
         let schedulers: Vec<&str> = std::iter::once(&self.scheduler)
@@ -139,7 +178,12 @@ impl Swarm {
             "z1",
         ];
         args.extend_from_slice(extra);
-        AgentProcess::start_in(&self.t.path().join(&id), &host, &args)
+        AgentProcess::start_in(&self.t.path().join(&id), host, &args)
+    }
+
+    /// The swarm's scratch directory (removed with it).
+    pub fn dir(&self) -> &Path {
+        self.t.path()
     }
 
     /// Mounts the image through `agent`; returns the mountpoint.
