@@ -46,7 +46,10 @@ demo-stop:
 bench:
 	$(CARGO) bench -p tessera-benches --bench format
 
-# Conversion throughput and peak memory vs skopeo copy (TESSERA_BENCH_CONVERT_MB, default 2048).
+# Conversion of the ~1 GB image (benches/image.sh) vs skopeo copy: MB/s and peak memory;
+# then what v2 uploads with fixed vs CDC chunks vs plain OCI layers (root for the image's
+# first build). TESSERA_BENCH_{REPS,CONVERT_CHUNKING}; TESSERA_BENCH_CONVERT_MB=5120 for a
+# generated 5 GB image instead.
 bench-convert:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/convert.sh
@@ -84,9 +87,20 @@ bench-smoke:
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/lazy_start.json) \
 	  $(CARGO) test -q -p tessera-agent --bench lazy_start
 	python3 benches/check_results.py target/bench-smoke/lazy_start.json
+	$(CARGO) build -q -p tessera-agent --bin tessera
+	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BIN=$(abspath target/debug/tessera) \
+	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/convert.json) bash benches/convert.sh
+	python3 benches/check_results.py target/bench-smoke/convert.json
+	TESSERA_BENCH_SCALE=0.02 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/scheduler.json) \
+	  $(CARGO) test -q -p tessera-benches --bench scheduler
+	python3 benches/check_results.py target/bench-smoke/scheduler.json
 	python3 benches/report.py target/bench-smoke --out target/bench-smoke/RESULTS.md
 	@grep -q '^| tessera mount (cold) |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no lazy-start table"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^| in process |' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no scheduler table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 
 # The suite at full size (root, network for the image's first build): every scenario's
 # JSON in target/bench-results/, rendered into benches/RESULTS.md with the machine and
@@ -97,6 +111,10 @@ bench-suite:
 	python3 benches/report.py $(BENCH_RESULTS) --write-machine "make bench-suite"
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/lazy_start.json \
 	  $(CARGO) bench -p tessera-agent --bench lazy_start
+	$(CARGO) build --release -p tessera-agent --bin tessera
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/convert.json bash benches/convert.sh
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/scheduler.json \
+	  $(CARGO) bench -p tessera-benches --bench scheduler
 	python3 benches/check_results.py $(BENCH_RESULTS)/*.json
 	python3 benches/report.py $(BENCH_RESULTS) --out benches/RESULTS.md
 

@@ -19,8 +19,12 @@
 //! a Tokio runtime of its own and the clients on another, like two processes sharing
 //! the machine's cores.
 //!
-//! `make bench-scheduler`; `TESSERA_BENCH_SCALE=0.1` shrinks the big swarm and the
-//! admin request counts.
+//! `make bench-scheduler`; `TESSERA_BENCH_SCALE=0.1` shrinks the big swarm, the lookup
+//! and admin request counts (`0.02`, 200 hosts, is the smoke size: seconds). Each
+//! workload stops after `TESSERA_BENCH_SCHEDULER_SECONDS` (default 8) even if it has
+//! not sent all its requests, so a busy machine cannot stretch the run past ~3 minutes;
+//! the figures say how many were sent. `TESSERA_BENCH_JSON=FILE` also writes the
+//! figures as JSON (scenario "scheduler", rendered by `benches/scenarios/scheduler.py`).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
@@ -110,6 +114,21 @@ fn build(hosts: usize, rng: &mut Rng) -> (Swarm, Duration) {
     (swarm, started.elapsed())
 }
 
+/// How long one workload may run before it stops sending (it keeps what it measured).
+fn workload_cap() -> Duration {
+    let secs = std::env::var("TESSERA_BENCH_SCHEDULER_SECONDS")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| *s > 0.0 && s.is_finite())
+        .unwrap_or(8.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// `full` requests at full scale, scaled like the swarm, at least `min`.
+fn scaled(full: usize, min: usize) -> usize {
+    ((full as f64 * scale()) as usize).max(min)
+}
+
 fn query(hosts: usize, rng: &mut Rng) -> FindPeers {
     let start = rng.below(BLOB_BYTES / MIB - 1) * MIB;
     FindPeers {
@@ -123,6 +142,7 @@ fn query(hosts: usize, rng: &mut Rng) -> FindPeers {
 }
 
 /// Throughput and latency of one workload.
+#[derive(Clone)]
 struct Figures {
     per_sec: f64,
     p50: Duration,
@@ -131,6 +151,19 @@ struct Figures {
     /// for admin requests the bytes of the response.
     per_request: f64,
     requests: usize,
+}
+
+impl Figures {
+    /// The figures as JSON fields: `<what>_per_s`, `p50_us`, `p99_us`, `<what>` (count).
+    fn json(&self, what: &str) -> serde_json::Map<String, serde_json::Value> {
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let mut m = serde_json::Map::new();
+        m.insert(what.into(), self.requests.into());
+        m.insert(format!("{what}_per_s"), self.per_sec.into());
+        m.insert("p50_us".into(), us(self.p50).into());
+        m.insert("p99_us".into(), us(self.p99).into());
+        m
+    }
 }
 
 fn figures(mut samples: Vec<Duration>, elapsed: Duration, total: f64) -> Figures {
@@ -164,7 +197,11 @@ fn in_process(swarm: &mut Swarm, hosts: usize, lookups: usize) -> Figures {
     let mut found = 0;
     let now = Instant::now();
     let started = Instant::now();
+    let deadline = started + workload_cap();
     for q in &queries {
+        if Instant::now() > deadline {
+            break;
+        }
         let t = Instant::now();
         let d = swarm.find_peers(q, now).unwrap();
         samples.push(t.elapsed());
@@ -241,6 +278,7 @@ async fn over_grpc(addr: SocketAddr, hosts: usize, lookups: usize, clients: usiz
         .await
         .unwrap();
     let started = Instant::now();
+    let deadline = started + workload_cap();
     let mut tasks = tokio::task::JoinSet::new();
     for c in 0..clients {
         let mut client = pb::scheduler_client::SchedulerClient::new(channel.clone());
@@ -250,6 +288,9 @@ async fn over_grpc(addr: SocketAddr, hosts: usize, lookups: usize, clients: usiz
             let mut samples = Vec::with_capacity(per_client);
             let mut found = 0;
             for _ in 0..per_client {
+                if Instant::now() > deadline {
+                    break;
+                }
                 let q = query(hosts, &mut rng);
                 let t = Instant::now();
                 let answer = client
@@ -360,7 +401,7 @@ impl AdminOp {
             AdminOp::Hosts => 20,
             AdminOp::BlockUnblock => 2_000,
         };
-        ((full as f64 * scale()) as usize).max(ADMIN_CLIENTS * 2)
+        scaled(full, ADMIN_CLIENTS * 2)
     }
 }
 
@@ -373,13 +414,14 @@ async fn admin_load(addr: SocketAddr, op: AdminOp, hosts: usize) -> Figures {
     }
     let per_client = op.requests() / ADMIN_CLIENTS;
     let started = Instant::now();
+    let deadline = started + workload_cap();
     let mut tasks = tokio::task::JoinSet::new();
     for (c, mut conn) in conns.into_iter().enumerate() {
         tasks.spawn(async move {
             let mut rng = Rng::new(200 + c as u64);
             let mut samples = Vec::with_capacity(per_client);
             let mut bytes = 0;
-            while samples.len() < per_client {
+            while samples.len() < per_client && Instant::now() <= deadline {
                 let random_host = |rng: &mut Rng| host_id(rng.below(hosts as u64) as usize).0;
                 let requests = match op {
                     AdminOp::Stats => vec![(Method::GET, "/api/v1/stats".to_string())],
@@ -493,12 +535,14 @@ const CONTENDED_LOOKUPS: usize = 400;
 fn serve_and_measure(clients: &tokio::runtime::Runtime, swarm: Swarm, hosts: usize) -> Served {
     let s = start(swarm);
     clients.block_on(async {
-        let grpc = lookups_beside(&s, hosts, GRPC_LOOKUPS, GRPC_CLIENTS, false).await;
+        let lookups = scaled(GRPC_LOOKUPS, 800);
+        let grpc = lookups_beside(&s, hosts, lookups, GRPC_CLIENTS, false).await;
         let mut admin = Vec::new();
         for op in ADMIN_OPS {
             admin.push((op, admin_load(s.admin, op, hosts).await));
         }
-        let contended = lookups_beside(&s, hosts, CONTENDED_LOOKUPS, GRPC_CLIENTS, true).await;
+        let lookups = scaled(CONTENDED_LOOKUPS, 80);
+        let contended = lookups_beside(&s, hosts, lookups, GRPC_CLIENTS, true).await;
         Served {
             grpc,
             admin,
@@ -517,7 +561,7 @@ fn main() {
     let (mut swarm, build_time) = build(big, &mut rng);
     let rss = peak_rss_bytes().unwrap_or(0).saturating_sub(rss_before);
 
-    let lookups = 200_000;
+    let lookups = scaled(200_000, 2_000);
     let base = in_process(&mut baseline, small, lookups);
     let local = in_process(&mut swarm, big, lookups);
     // What `GET /api/v1/hosts` does under the swarm's lock before it serialises.
@@ -650,4 +694,119 @@ fn main() {
     t.note("the admin API and the gRPC service share one Mutex<Swarm>; the host list is built under it and serialised after");
     t.note("GET /healthz is probed every 50 ms throughout: it takes no lock, so its latency is the scheduler runtime's own");
     t.print();
+
+    if let Ok(path) = std::env::var("TESSERA_BENCH_JSON") {
+        let json = report_json(&Report {
+            big,
+            small,
+            build_time,
+            swarm_bytes: rss,
+            local: [&base, &local],
+            served: [&base_served, &served],
+            list: [list_small.median, list_big.median],
+        });
+        if let Some(dir) = std::path::Path::new(&path).parent() {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+        println!("figures written to {path}");
+    }
+}
+
+/// Everything measured, for the JSON.
+struct Report<'a> {
+    big: usize,
+    small: usize,
+    build_time: Duration,
+    swarm_bytes: u64,
+    /// In-process lookups: baseline (small swarm), then the big swarm.
+    local: [&'a Figures; 2],
+    served: [&'a Served; 2],
+    /// `Swarm::hosts()` in process: small, big.
+    list: [Duration; 2],
+}
+
+/// The figures as `benches/scenarios/scheduler.py` reads them: the lookups as `rows`
+/// (what `check_results.py` checks), the admin API and the contended lookups beside them.
+fn report_json(r: &Report) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let hosts = [r.small, r.big];
+    let grpc_method = format!("gRPC, {GRPC_CLIENTS} clients");
+    let mut rows = Vec::new();
+    for (method, figs) in [
+        ("in process".to_string(), r.local),
+        (
+            grpc_method,
+            [&r.served[0].grpc.lookups, &r.served[1].grpc.lookups],
+        ),
+    ] {
+        for (i, f) in figs.iter().enumerate() {
+            let mut m = f.json("lookups");
+            m.insert("method".into(), method.clone().into());
+            m.insert("hosts".into(), hosts[i].into());
+            m.insert("answered_share".into(), f.per_request.into());
+            m.insert("vs_baseline".into(), (f.per_sec / figs[0].per_sec).into());
+            rows.push(Value::Object(m));
+        }
+    }
+    let mut admin = Vec::new();
+    for (i, op) in ADMIN_OPS.iter().enumerate() {
+        let base = &r.served[0].admin[i].1;
+        for (s, h) in r.served.iter().zip(hosts) {
+            let f = &s.admin[i].1;
+            let mut m = f.json("requests");
+            m.insert("request".into(), op.label().into());
+            m.insert("hosts".into(), h.into());
+            m.insert("response_bytes".into(), f.per_request.into());
+            m.insert("vs_baseline".into(), (f.per_sec / base.per_sec).into());
+            admin.push(Value::Object(m));
+        }
+    }
+    let mut contended = Vec::new();
+    for (s, h) in r.served.iter().zip(hosts) {
+        for (label, b) in [
+            ("none", &s.grpc),
+            ("GET /api/v1/hosts in a loop", &s.contended),
+        ] {
+            let mut m = b.lookups.json("lookups");
+            m.insert("admin_load".into(), label.into());
+            m.insert("hosts".into(), h.into());
+            m.insert(
+                "vs_alone".into(),
+                (b.lookups.per_sec / s.grpc.lookups.per_sec).into(),
+            );
+            if let Some(reads) = &b.reads {
+                m.insert("host_lists_per_s".into(), reads.per_sec.into());
+                m.insert(
+                    "host_list_p50_us".into(),
+                    (reads.p50.as_secs_f64() * 1e6).into(),
+                );
+            }
+            m.insert(
+                "healthz_p50_us".into(),
+                (b.probes.p50.as_secs_f64() * 1e6).into(),
+            );
+            m.insert(
+                "healthz_p99_us".into(),
+                (b.probes.p99.as_secs_f64() * 1e6).into(),
+            );
+            contended.push(Value::Object(m));
+        }
+    }
+    json!({
+        "scenario": "scheduler",
+        "hosts": r.big,
+        "baseline_hosts": r.small,
+        "blobs": BLOBS,
+        "holdings": r.big * BLOBS,
+        "build_seconds": r.build_time.as_secs_f64(),
+        "swarm_memory_bytes": r.swarm_bytes,
+        "grpc_clients": GRPC_CLIENTS,
+        "admin_clients": ADMIN_CLIENTS,
+        "workload_cap_seconds": workload_cap().as_secs_f64(),
+        "host_list_in_process_us": [r.list[0].as_secs_f64() * 1e6, r.list[1].as_secs_f64() * 1e6],
+        "rows": rows,
+        "admin": admin,
+        "contended": contended,
+    })
 }
