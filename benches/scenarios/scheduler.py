@@ -40,6 +40,10 @@ def us(v):
     return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} µs"
 
 
+def ratio(v):
+    return f"{v:.2f}x" if v >= 0.1 else f"{v:.2g}x"
+
+
 def rate(v):
     return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
@@ -50,7 +54,8 @@ def render(r, plot_dir=None):
         "## Scheduler: peer lookups",
         "",
         f"{big:,} simulated hosts that each announced {r['blobs']:,} blobs ({r['holdings']:,} "
-        f"holdings, announced in {r['build_seconds']:.1f} s, ~{mib(r['swarm_memory_bytes'])}), "
+        f"holdings, announced in {r['build_seconds']:.1f} s, taking "
+        f"~{r['swarm_memory_bytes'] / 2**30:.2f} GiB), "
         f"against a {small}-host swarm in the same run. A lookup asks for 1 MiB of a random "
         f"blob from a random host; over gRPC from {r['grpc_clients']} concurrent clients on "
         f"127.0.0.1, the scheduler and the clients on runtimes of their own on the same cores. "
@@ -63,7 +68,7 @@ def render(r, plot_dir=None):
         lines.append(
             f"| {row['method']} | {row['hosts']:,} hosts | {row['lookups']:,} | "
             f"{rate(row['lookups_per_s'])} | {us(row['p50_us'])} | {us(row['p99_us'])} | "
-            f"{row['answered_share'] * 100:.0f}% | {row['vs_baseline']:.2f}x |")
+            f"{row['answered_share'] * 100:.0f}% | {ratio(row['vs_baseline'])} |")
     lines += ["", "Ratio: lookups/s / the 100-host swarm's on the same path."]
     big_rows = {row["method"]: row for row in r["rows"] if row["hosts"] == big}
     local = big_rows.get("in process")
@@ -95,14 +100,14 @@ def render(r, plot_dir=None):
         lines.append(
             f"| {row['request']} | {row['hosts']:,} hosts | {row['requests']:,} | "
             f"{rate(row['requests_per_s'])} | {us(row['p50_us'])} | {us(row['p99_us'])} | "
-            f"{size} | {row['vs_baseline']:.2f}x |")
+            f"{size} | {ratio(row['vs_baseline'])} |")
     small_list, big_list = r["host_list_in_process_us"]
     lines += ["", f"`Swarm::hosts()` alone, in process: {us(small_list)} for {small} hosts, "
                   f"{us(big_list)} for {big:,}."]
 
     lines += [
         "",
-        f"### gRPC lookups beside `GET /api/v1/hosts` read back to back",
+        "### gRPC lookups beside `GET /api/v1/hosts` read back to back",
         "",
         "| admin load | swarm | lookups | lookups/s | p50 | p99 | host lists read meanwhile | "
         "GET /healthz p50 / p99 | vs lookups alone |",
@@ -114,5 +119,5 @@ def render(r, plot_dir=None):
         lines.append(
             f"| {row['admin_load']} | {row['hosts']:,} hosts | {row['lookups']:,} | "
             f"{rate(row['lookups_per_s'])} | {us(row['p50_us'])} | {us(row['p99_us'])} | {reads} | "
-            f"{us(row['healthz_p50_us'])} / {us(row['healthz_p99_us'])} | {row['vs_alone']:.2f}x |")
+            f"{us(row['healthz_p50_us'])} / {us(row['healthz_p99_us'])} | {ratio(row['vs_alone'])} |")
     return lines
