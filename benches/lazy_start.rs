@@ -147,6 +147,9 @@ struct Timing {
     fetch: f64,
     start: f64,
     origin: u64,
+    /// Time FUSE reads waited for data during the start-up (the agent's
+    /// `tessera_agent_fuse_read_seconds` sum): where a lazy start's time goes.
+    read_wait: Option<f64>,
 }
 
 impl Timing {
@@ -176,6 +179,7 @@ fn skopeo_umoci(bed: &Bed, rep: usize) -> Timing {
         fetch,
         start,
         origin,
+        read_wait: None,
     }
 }
 
@@ -197,6 +201,7 @@ fn ctr_pull(bed: &Bed, rep: usize) -> Timing {
         fetch,
         start,
         origin,
+        read_wait: None,
     }
 }
 
@@ -211,6 +216,11 @@ fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
     let fetch = t.elapsed().as_secs_f64();
     let start = start_up(&mnt, &bed.work.path().join(&name).join("run")).as_secs_f64();
     let origin = bed.registry_host.tx_bytes() - before;
+    let metrics = agent.metrics();
+    let read_wait = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tessera_agent_fuse_read_seconds_sum "))
+        .and_then(|v| v.trim().parse().ok());
     agent.ok(&["umount", s(&mnt)]);
     drop(agent);
     let _ = std::fs::remove_dir_all(bed.work.path().join(&name));
@@ -218,7 +228,25 @@ fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
         fetch,
         start,
         origin,
+        read_wait,
     }
+}
+
+/// Seconds a link of `cap` (`200mbit`, `1gbit`, `800kbit`) needs for `bytes`: the
+/// least time any method can fetch them in.
+fn link_seconds(bytes: f64, cap: &str) -> f64 {
+    let (number, unit) = cap.split_at(cap.find(|c: char| c.is_alphabetic()).unwrap_or(cap.len()));
+    let scale = match unit {
+        "kbit" => 1e3,
+        "mbit" => 1e6,
+        "gbit" => 1e9,
+        other => panic!("TESSERA_BENCH_LAZY_CAP: unit {other:?} (kbit, mbit or gbit)"),
+    };
+    bytes * 8.0
+        / (number
+            .parse::<f64>()
+            .expect("TESSERA_BENCH_LAZY_CAP: a rate")
+            * scale)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -313,6 +341,13 @@ fn main() {
             )
         })
         .collect();
+    let read_waits: Vec<Option<f64>> = runs
+        .iter()
+        .map(|r| {
+            let waits: Vec<f64> = r.iter().filter_map(|t| t.read_wait).collect();
+            (!waits.is_empty()).then(|| median(waits))
+        })
+        .collect();
     let baseline = if with_baseline {
         summary[0].2
     } else {
@@ -335,19 +370,35 @@ fn main() {
         );
     }
     println!("ratio: baseline total / this total (above 1: faster than skopeo + umoci)");
+    for (((label, _), (_, start, _, origin)), wait) in methods.iter().zip(&summary).zip(&read_waits)
+    {
+        if let Some(wait) = wait {
+            println!(
+                "{label}: the start-up waited {wait:.2} s of its {start:.2} s for data; the capped link needs {:.2} s for the {:.1} MiB sent",
+                link_seconds(*origin, &cap),
+                mib(*origin)
+            );
+        }
+    }
     if let (Ok(path), true) = (std::env::var("TESSERA_BENCH_JSON"), with_baseline) {
         let rows: Vec<serde_json::Value> = methods
             .iter()
             .zip(&summary)
-            .map(|((label, _), (fetch, start, total, origin))| {
-                serde_json::json!({
+            .zip(&read_waits)
+            .map(|(((label, _), (fetch, start, total, origin)), wait)| {
+                let mut row = serde_json::json!({
                     "method": label,
                     "fetch_seconds": fetch,
                     "start_seconds": start,
                     "total_seconds": total,
                     "vs_baseline": baseline / total.max(1e-9),
                     "registry_bytes": origin,
-                })
+                    "link_seconds": link_seconds(*origin, &cap),
+                });
+                if let Some(wait) = wait {
+                    row["read_wait_seconds"] = serde_json::json!(wait);
+                }
+                row
             })
             .collect();
         let json = serde_json::json!({
