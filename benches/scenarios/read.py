@@ -113,7 +113,7 @@ def render(r, plot_dir=None):
     lines += ["", "Against the mission's targets:"]
     if cold:
         lines.append(f"- cold reads >= {TARGET}x the origin link's speed: {verdict(cold['vs_baseline'])}: "
-                     f"a cold sequential read runs at {cold['vs_baseline']:.2f}x curl's time "
+                     f"a cold sequential read runs at {cold['vs_baseline']:.2f}x curl's speed "
                      f"on an uncapped loopback link (the capped-link case is the lazy-start "
                      f"scenario's).")
     if page and chunk:
