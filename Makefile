@@ -59,8 +59,9 @@ bench-convert:
 	bash benches/convert.sh
 
 # Lazy-mount reads of a 1 GiB file, sequential and random 4K (fio), cold and warm, vs curl
-# and Range GETs of the blob and the native filesystem (root). TESSERA_BENCH_MOUNT_MB,
-# TESSERA_BENCH_REPS, TESSERA_BENCH_READ_{RUNTIME,COLD_IOS}.
+# and Range GETs of the blob and the native filesystem (root), the registry behind a link
+# capped at 1gbit. TESSERA_BENCH_MOUNT_MB, TESSERA_BENCH_REPS,
+# TESSERA_BENCH_READ_{RUNTIME,COLD_IOS,CAP} (CAP=none: loopback, uncapped).
 bench-mount:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/read.sh

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Read throughput of a lazy mount, against baselines measured in the same run, on one
 # TESSERA_BENCH_MOUNT_MB (default 1024) MiB file (half pseudo-random, half text, so its
-# chunks compress like real data) in an image on a local docker-registry:
+# chunks compress like real data) in an image on a local docker-registry. The registry
+# sits behind a link capped at TESSERA_BENCH_READ_CAP (default 1gbit; a network namespace
+# and a veth with tc, so the cold figures compare against a link, as the mission's cold
+# target does), or on loopback, uncapped, with TESSERA_BENCH_READ_CAP=none (what the
+# agent's CPU allows):
 #
 # Sequential (`cat` of the whole file; median of TESSERA_BENCH_REPS, default 3):
 #   cold: a fresh agent (empty chunk cache) and mount     vs  curl of the blob holding the
@@ -28,6 +32,7 @@ set -euo pipefail
 
 SIZE_MB=${TESSERA_BENCH_MOUNT_MB:-1024}
 REPS=${TESSERA_BENCH_REPS:-3}
+CAP=${TESSERA_BENCH_READ_CAP:-1gbit}
 RUNTIME=${TESSERA_BENCH_READ_RUNTIME:-20}
 COLD_IOS=${TESSERA_BENCH_READ_COLD_IOS:-$(( SIZE_MB / 4 > 64 ? SIZE_MB / 4 : 64 ))}
 WARM_IOS=$(( SIZE_MB * 64 ))   # a quarter of the file's 4 KiB blocks, each read once
@@ -38,6 +43,7 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-read.XXXXXX")
 MNT=$WORK/mnt
 REG_PID=""
 AGENT_PID=""
+NS=""   # the registry's network namespace, when the link is capped
 stop_agent() {
     [ -n "$AGENT_PID" ] || return 0
     kill "$AGENT_PID" 2>/dev/null || true
@@ -48,6 +54,8 @@ cleanup() {
     fusermount3 -u -z "$MNT" 2>/dev/null || true
     stop_agent
     if [ -n "$REG_PID" ]; then kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; fi
+    # Deleting the namespace deletes its end of the veth, and with it ours.
+    if [ -n "$NS" ]; then ip netns del "$NS" 2>/dev/null || true; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -59,14 +67,37 @@ command -v fio >/dev/null || {
 [ -x "$TESSERA" ] || (cd "$ROOT" && cargo build --release -p tessera-agent --bin tessera)
 step() { printf '[read] %s\n' "$*" >&2; }
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-REG=127.0.0.1:$port
 mkdir -p "$WORK/registry"
+if [ "$CAP" = none ]; then
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    REG_HOST=127.0.0.1
+    IN_NS=()
+else
+    # The registry in a namespace of its own, reached over a veth whose egress (the
+    # registry's sending side) tc caps; the agent, curl and fio stay on the host.
+    NS=tsr$$
+    net=10.251.$(( $$ % 250 + 1 ))
+    ip netns add "$NS"
+    ip link add "${NS}h" type veth peer name "${NS}r" netns "$NS"
+    ip addr add "$net.1/30" dev "${NS}h"
+    ip link set "${NS}h" up
+    ip -n "$NS" addr add "$net.2/30" dev "${NS}r"
+    ip -n "$NS" link set "${NS}r" up
+    ip -n "$NS" link set lo up
+    tc -n "$NS" qdisc replace dev "${NS}r" root tbf rate "$CAP" burst 256kb latency 100ms
+    port=5000
+    REG_HOST=$net.2
+    IN_NS=(nsenter "--net=/run/netns/$NS")
+fi
+REG=$REG_HOST:$port
+# Plain HTTP to a registry that is not on loopback must be allowed by name.
+printf '[registry]\ninsecure = ["%s"]\n' "$REG" >"$WORK/tessera.toml"
+export TESSERA_CONFIG=$WORK/tessera.toml
 printf 'version: 0.1\nlog: {level: error}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: %s}\n' \
     "$WORK/registry" "$REG" >"$WORK/registry.yml"
-docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
+"${IN_NS[@]}" docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
 REG_PID=$!
-for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/$REG_HOST/$port") 2>/dev/null && break; sleep 0.1; done
 
 step "generating a ${SIZE_MB} MiB file"
 NATIVE=$WORK/rootfs/data/big.bin
@@ -94,7 +125,7 @@ rm -rf "$WORK/bundle" "$WORK/layout"/blobs/sha256/*.tmp 2>/dev/null || true
 skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$WORK/layout:v1" "docker://$REG/src/big:v1"
 rm -rf "$WORK/layout"
 IMAGE=$REG/tessera/big:v1
-DOCKER_CONFIG="$WORK" TESSERA_CONFIG=/dev/null "$TESSERA" convert "$REG/src/big:v1" "$IMAGE" \
+DOCKER_CONFIG="$WORK" "$TESSERA" convert "$REG/src/big:v1" "$IMAGE" \
     --json >"$WORK/convert.json"
 BLOB=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["images"][0]["build"]["new_blob"]["digest"])' "$WORK/convert.json")
 BLOB_URL=http://$REG/v2/tessera/big/blobs/$BLOB
@@ -195,9 +226,9 @@ stop_agent
 cat "$NATIVE" >/dev/null
 fio_rand native "$NATIVE" --number_ios="$WARM_IOS" --runtime="$RUNTIME" --invalidate=0
 
-python3 - "$ROOT/benches" "$WORK" "$SIZE_MB" "$BLOB_BYTES" "$REPS" "$RUNTIME" "$COLD_IOS" "$WARM_IOS" "$JSON_OUT" <<'PY'
+python3 - "$ROOT/benches" "$WORK" "$SIZE_MB" "$BLOB_BYTES" "$REPS" "$RUNTIME" "$COLD_IOS" "$WARM_IOS" "$JSON_OUT" "$CAP" <<'PY'
 import json, os, statistics, sys
-benches, work, size_mb, blob_bytes, reps, runtime, cold_ios, warm_ios, json_out = sys.argv[1:]
+benches, work, size_mb, blob_bytes, reps, runtime, cold_ios, warm_ios, json_out, cap = sys.argv[1:]
 sys.path.insert(0, benches)
 from scenarios import read
 
@@ -268,6 +299,7 @@ for r in rows:
         r["vs_baseline"] = r["iops"] / base["iops"]
 result = {
     "scenario": "read",
+    "registry_cap": cap,
     "file_bytes": file_bytes,
     "blob_bytes": int(blob_bytes),
     "repetitions": int(reps),

@@ -50,6 +50,13 @@ def find(r, pattern, prefix):
                  if row["pattern"] == pattern and row["method"].startswith(prefix)), None)
 
 
+def link(r):
+    cap = r.get("registry_cap", "none")
+    if cap == "none":
+        return "loopback, uncapped: the figures are what the agent's CPU allows"
+    return f"in a network namespace, its egress capped at {cap}"
+
+
 def render(r, plot_dir=None):
     seq = [row for row in r["rows"] if row["pattern"] == "sequential"]
     rnd = [row for row in r["rows"] if row["pattern"] != "sequential"]
@@ -57,7 +64,7 @@ def render(r, plot_dir=None):
         "## Read throughput: a lazy mount vs HTTP and the native filesystem",
         "",
         f"One {mib(r['file_bytes'])} file (half pseudo-random, half text) in an image on a "
-        f"local docker-registry (loopback, uncapped); its blob is {mib(r['blob_bytes'])} "
+        f"local docker-registry ({link(r)}); its blob is {mib(r['blob_bytes'])} "
         f"compressed. Cold = a fresh agent with an empty chunk cache; warm = the same "
         f"mount again (the kernel's page cache) or a fresh mount (the agent's chunk cache).",
         "",
@@ -114,8 +121,8 @@ def render(r, plot_dir=None):
     if cold:
         lines.append(f"- cold reads >= {TARGET}x the origin link's speed: {verdict(cold['vs_baseline'])}: "
                      f"a cold sequential read runs at {cold['vs_baseline']:.2f}x curl's speed "
-                     f"on an uncapped loopback link (the capped-link case is the lazy-start "
-                     f"scenario's).")
+                     f"on the same link ({r.get('registry_cap', 'none')}"
+                     f"{', loopback' if r.get('registry_cap', 'none') == 'none' else ''}).")
     if page and chunk:
         lines.append(f"- warm (cached) sequential reads >= {TARGET}x the native filesystem's: "
                      f"from the page cache {verdict(page['vs_baseline'])} "
