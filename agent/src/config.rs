@@ -260,6 +260,8 @@ pub struct FetchConfig {
     pub merge_bytes: u64,
     /// When a file is read sequentially, its next chunks up to this many bytes are
     /// fetched in the background (0: off), so the network works while the reader reads.
+    /// 16M: a cold sequential read behind a 1 Gbit/s link ran at 0.83x curl's speed
+    /// with 8M and 0.96x with 16M (32M no better); start-ups fetch the same bytes.
     #[serde(with = "size")]
     pub readahead_bytes: u64,
     /// Attempts at a chunk (each already retried by the registry client) before a read
@@ -286,7 +288,7 @@ impl Default for FetchConfig {
     fn default() -> Self {
         FetchConfig {
             merge_bytes: 256 << 10,
-            readahead_bytes: 8 << 20,
+            readahead_bytes: 16 << 20,
             attempts: 3,
             timeout_secs: 30,
             retries: 4,
