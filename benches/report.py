@@ -39,8 +39,14 @@ def machine():
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+        commit = subprocess.run(["git", "describe", "--always"], capture_output=True,
                                 text=True, check=True).stdout.strip()
+        # The report's own outputs (this file's previous run) do not make the code dirty.
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                  ":!benches/RESULTS.md", ":!benches/*.png"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        if changed:
+            commit += "-dirty"
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return {
