@@ -1,13 +1,51 @@
-//! Compiles `proto/tessera/v1/tessera.proto` with protox (a protobuf compiler written
-//! in Rust), so a fresh machine builds with cargo alone: no protoc to install.
+//! Compiles the protocols with protox (a protobuf compiler written in Rust), so a fresh
+//! machine builds with cargo alone: no protoc to install.
+//!
+//! - `proto/tessera/v1/tessera.proto`: Tessera's own (agent ↔ scheduler, agent ↔ agent).
+//! - containerd's snapshots service (`third_party/`, pinned, see its README): the agent
+//!   serves it as a proxy snapshotter.
+//! - with the `cri` feature, the Kubernetes CRI API (`third_party/k8s.io/cri-api`): the
+//!   tests and benchmarks pull images through containerd as the kubelet does.
+//!
+//! containerd's files and CRI's import gogo.proto under two names, so each set is
+//! compiled on its own (one descriptor set cannot hold the same extensions twice).
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/tessera/v1/tessera.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["proto"])?;
+type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
+fn compile(protos: &[&str], includes: &[&str], server: bool) -> Result {
+    for proto in protos {
+        println!("cargo:rerun-if-changed={}", find(proto, includes));
+    }
+    let descriptors = protox::compile(protos, includes)?;
     tonic_build::configure()
         .build_client(true)
-        .build_server(true)
+        .build_server(server)
         .compile_fds(descriptors)?;
+    Ok(())
+}
+
+/// Where `proto` is found among `includes` (for cargo's change tracking).
+fn find(proto: &str, includes: &[&str]) -> String {
+    includes
+        .iter()
+        .map(|i| format!("{i}/{proto}"))
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| proto.to_string())
+}
+
+fn main() -> Result {
+    compile(&["tessera/v1/tessera.proto"], &["proto"], true)?;
+    compile(
+        &["github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto"],
+        &["third_party"],
+        true,
+    )?;
+    if std::env::var_os("CARGO_FEATURE_CRI").is_some() {
+        compile(
+            &["k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"],
+            &["third_party"],
+            false,
+        )?;
+    }
     Ok(())
 }

@@ -39,8 +39,30 @@ pub struct AgentConfig {
     pub fetch: FetchConfig,
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
+    pub snapshotter: SnapshotterConfig,
     #[serde(skip_serializing)]
     pub registry: RegistryConfig,
+}
+
+/// The containerd snapshotter (`[proxy_plugins.tessera]` in containerd's config names
+/// its socket; `tessera containerd-config --snapshotter` writes that).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SnapshotterConfig {
+    /// Serve containerd's snapshots API on this unix socket; off when unset.
+    pub socket: Option<PathBuf>,
+    /// Snapshot metadata and directories (layers unpacked by containerd, containers'
+    /// writable layers, Tessera images' mount points). Kept across restarts.
+    pub root: PathBuf,
+}
+
+impl Default for SnapshotterConfig {
+    fn default() -> Self {
+        SnapshotterConfig {
+            socket: None,
+            root: PathBuf::from("/var/lib/tessera/snapshotter"),
+        }
+    }
 }
 
 /// The registry mirror containerd pulls through (`tessera containerd-config` names it
@@ -315,6 +337,7 @@ impl Default for AgentConfig {
             fetch: FetchConfig::default(),
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
+            snapshotter: SnapshotterConfig::default(),
             registry: RegistryConfig::default(),
         }
     }

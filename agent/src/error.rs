@@ -74,6 +74,15 @@ pub enum Error {
     #[error("{0}")]
     Agent(String),
 
+    /// A snapshot operation of the containerd snapshotter failed; `code` is what
+    /// containerd is told (e.g. "already exists" makes it skip a layer).
+    #[error("snapshot {key:?}: {reason} ({code})")]
+    Snapshot {
+        code: crate::snapshotter::Code,
+        key: String,
+        reason: String,
+    },
+
     /// The local chunk cache's index (sled) failed.
     #[error("chunk cache: {reason}")]
     Cache { reason: String },

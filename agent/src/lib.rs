@@ -24,5 +24,6 @@ pub mod fuzzing;
 pub mod mirror;
 pub mod peer;
 pub mod registry;
+pub mod snapshotter;
 
 pub use error::{Error, Result};

@@ -16,4 +16,30 @@ pub mod pb {
     tonic::include_proto!("tessera.v1");
 }
 
+/// containerd's snapshots service and the mount type it answers with (containerd
+/// v1.6.20's `.proto` files in `third_party/`), served by the agent's snapshotter.
+#[allow(clippy::all, missing_debug_implementations, unused_qualifications)]
+pub mod containerd {
+    pub mod types {
+        tonic::include_proto!("containerd.types");
+    }
+    // Nested as the packages are: the generated code names `super::super::…::types`.
+    pub mod services {
+        pub mod snapshots {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.snapshots.v1");
+            }
+        }
+    }
+    pub use services::snapshots::v1 as snapshots;
+}
+
+/// The Kubernetes CRI API (`runtime.v1`, k8s.io/cri-api v0.27.1), for clients that
+/// act as the kubelet does (tests, benchmarks).
+#[cfg(feature = "cri")]
+#[allow(clippy::all, missing_debug_implementations, unused_qualifications)]
+pub mod cri {
+    tonic::include_proto!("runtime.v1");
+}
+
 pub use domain::Invalid;

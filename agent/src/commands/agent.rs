@@ -10,6 +10,7 @@ use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
 use tessera_agent::daemon::{Agent, MountStatus, Status};
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::credentials::{default_auth_file, DockerConfig};
+use tessera_agent::snapshotter::{self, Snapshotter};
 
 use super::image::{print_out, print_summary};
 use super::registry::runtime;
@@ -100,6 +101,13 @@ pub struct AgentArgs {
     /// The mirror's upstream for requests that do not name one (default docker.io).
     #[arg(long, env = "TESSERA_MIRROR_DEFAULT_REGISTRY", value_name = "HOST")]
     mirror_default_registry: Option<String>,
+    /// Serve containerd's snapshots API on this unix socket (a proxy snapshotter; see
+    /// `tessera containerd-config --snapshotter`).
+    #[arg(long, env = "TESSERA_SNAPSHOTTER_SOCKET", value_name = "PATH")]
+    snapshotter_socket: Option<PathBuf>,
+    /// The snapshotter's state: metadata, layers, containers' writable layers.
+    #[arg(long, env = "TESSERA_SNAPSHOTTER_ROOT", value_name = "DIR")]
+    snapshotter_root: Option<PathBuf>,
     /// Turn peer-to-peer off: every chunk from cache or origin (for comparisons).
     #[arg(long, env = "TESSERA_NO_P2P")]
     no_p2p: bool,
@@ -151,6 +159,12 @@ impl AgentArgs {
         }
         if let Some(v) = &self.mirror_default_registry {
             c.mirror.default_registry = v.clone();
+        }
+        if let Some(v) = &self.snapshotter_socket {
+            c.snapshotter.socket = Some(v.clone());
+        }
+        if let Some(v) = &self.snapshotter_root {
+            c.snapshotter.root = v.clone();
         }
         let p = &mut c.p2p;
         for (key, flag) in [
@@ -302,6 +316,18 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                 .with_context(|| format!("mirror: listen on {addr}"))?;
             tracing::info!(listen = %addr, "registry mirror ready");
             servers.spawn(mirror.clone().serve(listener));
+        }
+        if let Some(socket) = &config.snapshotter.socket {
+            let remote = snapshotter::remote::Remote::new(agent.clone());
+            let snapshotter = Snapshotter::open(&config.snapshotter.root, Some(remote))?;
+            snapshotter.restore().await?;
+            let listener = snapshotter::listen(socket)?;
+            servers.spawn(async move {
+                if let Err(e) = snapshotter::serve(snapshotter, listener).await {
+                    tracing::error!(error = %e, "the snapshotter stopped");
+                }
+            });
+            tracing::info!(socket = %socket.display(), "containerd snapshotter ready");
         }
         tracing::info!(socket = %config.socket.display(), "agent ready");
         eprintln!("tessera agent: listening on {}", config.socket.display());

@@ -303,6 +303,11 @@ impl Agent {
         self.mirror.as_ref()
     }
 
+    /// The node's registry client (its credentials stay in the agent).
+    pub fn registry_client(&self) -> &Arc<RegistryClient> {
+        &self.client
+    }
+
     pub fn config(&self) -> &AgentConfig {
         &self.config
     }

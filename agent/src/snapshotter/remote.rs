@@ -1,0 +1,142 @@
+//! Which layers are a Tessera image's, and their lazy mounts.
+//!
+//! containerd's CRI plugin labels the snapshot of each layer it is about to unpack with
+//! the image reference, the manifest digest and the layer digest. The manifest (fetched
+//! once per digest with the node's credentials, and verified) says whether the layer is
+//! a Tessera blob or bootstrap layer (docs/format.md §13). Anything else, or a snapshot
+//! without those labels, is an ordinary layer that containerd unpacks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use crate::daemon::Agent;
+use crate::registry::image::{self as registry_image, BLOB_MEDIA_TYPE};
+use crate::registry::reference::{Platform, Reference};
+use crate::Result;
+
+/// The image the CRI plugin is pulling (as the user named it).
+pub const IMAGE_REF_LABEL: &str = "containerd.io/snapshot/cri.image-ref";
+/// The digest of the platform's manifest being unpacked.
+pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
+/// The digest of the layer this snapshot is for.
+pub const LAYER_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
+/// Set on the snapshots of Tessera layers (nothing was unpacked into them).
+pub const REMOTE_LABEL: &str = "io.tessera.snapshot.remote";
+
+/// A layer of a Tessera image, about to be prepared.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// The committed snapshot containerd will look for (the layer's chain ID).
+    pub target: String,
+    /// The image by manifest digest: `registry/repository@sha256:…`.
+    pub image: String,
+    pub digest: String,
+    /// The bootstrap layer (mounted), or a blob layer (nothing to do).
+    pub bootstrap: bool,
+}
+
+/// What a manifest's layers are, by digest: `Some(true)` bootstrap, `Some(false)` blob.
+type LayerRoles = HashMap<String, bool>;
+
+/// Tessera images for the snapshotter: classifies layers, mounts and unmounts images
+/// through the agent (which owns the mounts, the cache and the credentials).
+#[derive(Debug)]
+pub struct Remote {
+    agent: Arc<Agent>,
+    /// Per manifest digest; only answers are kept (a failed fetch is tried again).
+    manifests: Mutex<HashMap<String, Arc<LayerRoles>>>,
+}
+
+impl Remote {
+    pub fn new(agent: Arc<Agent>) -> Remote {
+        Remote {
+            agent,
+            manifests: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The Tessera layer these snapshot labels describe, if they describe one.
+    pub async fn layer(&self, labels: &BTreeMap<String, String>) -> Option<Layer> {
+        let target = labels.get(super::TARGET_LABEL)?;
+        let image_ref = labels.get(IMAGE_REF_LABEL)?;
+        let manifest = labels.get(MANIFEST_LABEL)?;
+        let layer = labels.get(LAYER_LABEL)?;
+        let mut reference = match Reference::parse(image_ref) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(image = %image_ref, error = %e, "the CRI plugin's image label does not parse; unpacking the layer as usual");
+                return None;
+            }
+        };
+        reference.tag = None;
+        reference.digest = Some(manifest.clone());
+        let roles = match self.roles(&reference, manifest).await {
+            Ok(roles) => roles,
+            Err(e) => {
+                tracing::warn!(image = %reference, error = %e, "could not read the manifest to tell whether this is a Tessera image; unpacking the layer as usual");
+                return None;
+            }
+        };
+        let bootstrap = *roles.get(layer)?;
+        Some(Layer {
+            target: target.clone(),
+            image: reference.to_string(),
+            digest: layer.clone(),
+            bootstrap,
+        })
+    }
+
+    async fn roles(&self, reference: &Reference, manifest: &str) -> Result<Arc<LayerRoles>> {
+        if let Some(known) = self.cached(manifest) {
+            return Ok(known);
+        }
+        let image = registry_image::resolve_platform(
+            self.agent.registry_client(),
+            reference,
+            &Platform::host(),
+        )
+        .await?;
+        let bootstrap = registry_image::bootstrap_layer(&image)
+            .ok()
+            .map(|d| d.digest().to_string());
+        let mut roles = LayerRoles::new();
+        if let Some(bootstrap) = bootstrap {
+            for l in image.manifest.layers() {
+                let digest = l.digest().to_string();
+                if digest == bootstrap {
+                    roles.insert(digest, true);
+                } else if l.media_type().to_string() == BLOB_MEDIA_TYPE {
+                    roles.insert(digest, false);
+                }
+            }
+        }
+        let roles = Arc::new(roles);
+        self.manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(manifest.to_string(), roles.clone());
+        Ok(roles)
+    }
+
+    fn cached(&self, manifest: &str) -> Option<Arc<LayerRoles>> {
+        self.manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(manifest)
+            .cloned()
+    }
+
+    /// Mounts `image` (by digest) lazily at `dir`, through the agent.
+    pub async fn mount(&self, image: &str, dir: &Path) -> Result<()> {
+        self.agent.mount(image, dir, None, None, None).await?;
+        Ok(())
+    }
+
+    /// Unmounts what [`mount`](Self::mount) mounted at `dir`; failures are logged.
+    pub async fn unmount(&self, dir: &Path) {
+        if let Err(e) = self.agent.umount(dir).await {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not unmount a Tessera image snapshot");
+        }
+    }
+}
