@@ -126,7 +126,7 @@ fn converted_image_unpacks_like_umoci() {
     let bootstrap = layers.last().unwrap();
     assert_eq!(
         bootstrap["mediaType"],
-        "application/vnd.tessera.rafs.bootstrap.v1+zstd"
+        "application/vnd.oci.image.layer.tessera.bootstrap.v1+zstd"
     );
     assert_eq!(
         bootstrap["annotations"]["io.tessera.rafs.bootstrap"],
@@ -142,7 +142,10 @@ fn converted_image_unpacks_like_umoci() {
         src.as_str()
     );
     for blob in &layers[..layers.len() - 1] {
-        assert_eq!(blob["mediaType"], "application/vnd.tessera.rafs.blob.v1");
+        assert_eq!(
+            blob["mediaType"],
+            "application/vnd.oci.image.layer.tessera.blob.v1"
+        );
     }
     let config = json_blob(&dst, manifest["config"]["digest"].as_str().unwrap());
     let source_config = json_blob(&src, source_manifest["config"]["digest"].as_str().unwrap());

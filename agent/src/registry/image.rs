@@ -17,9 +17,9 @@ use super::reference::{Platform, Reference};
 use crate::{Error, Result};
 
 /// The bootstrap layer: the bootstrap file compressed with zstd.
-pub const BOOTSTRAP_MEDIA_TYPE: &str = "application/vnd.tessera.rafs.bootstrap.v1+zstd";
+pub const BOOTSTRAP_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.tessera.bootstrap.v1+zstd";
 /// A blob layer: chunks, each compressed on its own; the layer itself is not.
-pub const BLOB_MEDIA_TYPE: &str = "application/vnd.tessera.rafs.blob.v1";
+pub const BLOB_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.tessera.blob.v1";
 /// On the bootstrap layer, `"true"`.
 pub const BOOTSTRAP_ANNOTATION: &str = "io.tessera.rafs.bootstrap";
 /// On the bootstrap layer: `sha256:` of the uncompressed bootstrap.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::daemon::Agent;
-use crate::registry::image::{self as registry_image, BLOB_MEDIA_TYPE};
+use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
 use crate::registry::reference::{Platform, Reference};
 use crate::Result;
 
@@ -106,7 +106,12 @@ impl Remote {
                 let digest = l.digest().to_string();
                 if digest == bootstrap {
                     roles.insert(digest, true);
-                } else if l.media_type().to_string() == BLOB_MEDIA_TYPE {
+                } else if l.media_type().to_string() == BLOB_MEDIA_TYPE
+                    || l.annotations()
+                        .as_ref()
+                        .and_then(|a| a.get(BLOB_ANNOTATION))
+                        .is_some_and(|v| v == "true")
+                {
                     roles.insert(digest, false);
                 }
             }

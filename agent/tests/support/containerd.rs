@@ -63,6 +63,9 @@ use super::oci::tool_available;
 /// The containerd namespace every `ctr` call of the harness uses.
 pub const NAMESPACE: &str = "tessera-test";
 
+/// The namespace of the CRI plugin's images and containers.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+
 /// How long the daemon may take to answer on its socket.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -94,6 +97,8 @@ pub enum Snapshotter {
     OverlayfsOnTmpfs,
     /// `native`: every snapshot a full copy of its parent; works on any filesystem.
     Native,
+    /// The Tessera agent's snapshotter, a proxy plugin ([`Containerd::start_cri`]).
+    Tessera,
 }
 
 impl Snapshotter {
@@ -102,6 +107,7 @@ impl Snapshotter {
         match self {
             Snapshotter::Overlayfs | Snapshotter::OverlayfsOnTmpfs => "overlayfs",
             Snapshotter::Native => "native",
+            Snapshotter::Tessera => "tessera",
         }
     }
 
@@ -129,7 +135,7 @@ impl Snapshotter {
                 umount_lazy(&probe);
                 works
             }
-            Snapshotter::Native => true,
+            Snapshotter::Native | Snapshotter::Tessera => true,
         };
         let _ = std::fs::remove_dir_all(&probe);
         works
@@ -195,7 +201,28 @@ impl Containerd {
         Containerd::launch(dir, host, Some(snapshotter))
     }
 
+    /// containerd as a Kubernetes node runs it: the CRI plugin (its image service on
+    /// the daemon's socket, as the kubelet uses it), runc, and the Tessera agent's
+    /// snapshotter at `proxy_socket` as the CRI plugin's snapshotter, with snapshot
+    /// annotations on. Registries are reached as `hosts_dir/<host:port>/hosts.toml` say.
+    pub fn start_cri(dir: &Path, proxy_socket: &Path, hosts_dir: &Path) -> Containerd {
+        let cri = Cri {
+            proxy_socket: proxy_socket.to_path_buf(),
+            hosts_dir: hosts_dir.to_path_buf(),
+        };
+        Containerd::launch_with(dir, None, Some(Snapshotter::Tessera), Some(&cri))
+    }
+
     fn launch(dir: &Path, host: Option<&NetHost>, snapshotter: Option<Snapshotter>) -> Containerd {
+        Containerd::launch_with(dir, host, snapshotter, None)
+    }
+
+    fn launch_with(
+        dir: &Path,
+        host: Option<&NetHost>,
+        snapshotter: Option<Snapshotter>,
+        cri: Option<&Cri>,
+    ) -> Containerd {
         for tool in ["containerd", "ctr"] {
             assert!(
                 tool_available(tool),
@@ -214,8 +241,11 @@ impl Containerd {
         );
         let snapshotter = snapshotter.unwrap_or_else(|| Snapshotter::detect(dir));
         let config = dir.join("config.toml");
-        std::fs::write(&config, config_toml(dir, &socket, snapshotter))
-            .expect("write containerd config");
+        let text = match cri {
+            Some(cri) => cri_config_toml(dir, &socket, cri),
+            None => config_toml(dir, &socket, snapshotter),
+        };
+        std::fs::write(&config, text).expect("write containerd config");
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
         let mut containerd = Containerd {
             child: None,
@@ -317,6 +347,18 @@ impl Containerd {
 
     /// The `ctr` command with the harness's global flags and environment.
     fn ctr_command(&self) -> Command {
+        self.ctr_command_in(NAMESPACE)
+    }
+
+    /// `ctr` in the CRI plugin's namespace (`k8s.io`), where the images it pulls are.
+    pub fn ctr_k8s(&self, args: &[&str]) -> Output {
+        self.ctr_command_in(CRI_NAMESPACE)
+            .args(args)
+            .output()
+            .expect("run ctr")
+    }
+
+    fn ctr_command_in(&self, namespace: &str) -> Command {
         let mut command = match &self.host {
             Some(h) => h.command("ctr"),
             None => Command::new("ctr"),
@@ -324,7 +366,7 @@ impl Containerd {
         command
             .arg("--address")
             .arg(&self.socket)
-            .args(["--namespace", NAMESPACE, "--timeout", CTR_TIMEOUT])
+            .args(["--namespace", namespace, "--timeout", CTR_TIMEOUT])
             .env("CONTAINERD_SNAPSHOTTER", self.snapshotter.name())
             .stdin(Stdio::null());
         for var in PROXY_VARS {
@@ -419,9 +461,28 @@ impl Drop for Containerd {
                 umount_lazy(target);
             }
         }
+        if self.snapshotter == Snapshotter::Tessera {
+            // Containers still running (a failed test): killed and deleted through the
+            // daemon while it runs.
+            let tasks = self.ctr_k8s(&["task", "ls", "-q"]);
+            for id in String::from_utf8_lossy(&tasks.stdout).split_whitespace() {
+                let _ = self.ctr_k8s(&["task", "kill", "-s", "SIGKILL", id]);
+                let _ = self.ctr_k8s(&["task", "delete", "-f", id]);
+                let _ = self.ctr_k8s(&["container", "delete", id]);
+            }
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        // Containers' shims (and their containers) outlive the daemon: each names the
+        // daemon's socket on its command line.
+        if self.snapshotter == Snapshotter::Tessera {
+            let _ = Command::new("pkill")
+                .arg("-9")
+                .arg("-f")
+                .arg(self.socket.as_os_str())
+                .status();
         }
         // Anything else under `dir`: snapshot mounts containerd left, the tmpfs.
         for mount_point in mounts_under(&self.dir).iter().rev() {
@@ -472,7 +533,7 @@ fn config_toml(dir: &Path, socket: &Path, snapshotter: Snapshotter) -> String {
     let overlay_root = match snapshotter {
         Snapshotter::OverlayfsOnTmpfs => path(&dir.join("snapshots")),
         // Empty: the default, under `root`.
-        Snapshotter::Overlayfs | Snapshotter::Native => String::new(),
+        Snapshotter::Overlayfs | Snapshotter::Native | Snapshotter::Tessera => String::new(),
     };
     format!(
         r#"version = 2
@@ -512,6 +573,71 @@ disabled_plugins = [
         temp = path(&dir.join("tmp")),
         snapshotter = snapshotter.name(),
         socket = path(socket),
+    )
+}
+
+/// What [`Containerd::start_cri`] configures.
+struct Cri {
+    proxy_socket: PathBuf,
+    hosts_dir: PathBuf,
+}
+
+/// A node's configuration: the CRI plugin with the Tessera snapshotter, runc, and no
+/// CNI (containers run by `ctr run` need none; pods are not made).
+fn cri_config_toml(dir: &Path, socket: &Path, cri: &Cri) -> String {
+    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+temp = "{temp}"
+required_plugins = ["io.containerd.grpc.v1.cri"]
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.internal.v1.opt",
+  "io.containerd.internal.v1.restart",
+]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[debug]
+  level = "info"
+
+[proxy_plugins.tessera]
+  type = "snapshot"
+  address = "{proxy}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "tessera"
+    disable_snapshot_annotations = false
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni}/bin"
+    conf_dir = "{cni}/conf"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{hosts}"
+"#,
+        root = path(&dir.join("root")),
+        state = path(&dir.join("state")),
+        temp = path(&dir.join("tmp")),
+        socket = path(socket),
+        proxy = path(&cri.proxy_socket),
+        cni = path(&dir.join("cni")),
+        hosts = path(&cri.hosts_dir),
     )
 }
 

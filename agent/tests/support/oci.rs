@@ -472,6 +472,19 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 /// and a config for `arch` with an Entrypoint and Env that conversions must keep.
 /// Made with GNU `tar` and `gzip`: milliseconds. Returns the manifest's digest.
 pub fn build_files_image(layout: &Path, arch: &str, layers: &[Vec<(&str, Vec<u8>)>]) -> String {
+    let process = serde_json::json!({"Entrypoint": ["/bin/app", "--serve"], "Env": ["MODE=test"]});
+    build_files_image_with(layout, arch, layers, &[], process)
+}
+
+/// Like [`build_files_image`], with the files at `executables` mode 0755 and `process`
+/// as the config's `config` object (Entrypoint, Cmd, Env, …).
+pub fn build_files_image_with(
+    layout: &Path,
+    arch: &str,
+    layers: &[Vec<(&str, Vec<u8>)>],
+    executables: &[&str],
+    process: serde_json::Value,
+) -> String {
     for tool in ["tar", "gzip"] {
         require_tool(tool);
     }
@@ -491,6 +504,10 @@ pub fn build_files_image(layout: &Path, arch: &str, layers: &[Vec<(&str, Vec<u8>
             let p = src.join(path);
             fs::create_dir_all(p.parent().expect("parent")).expect("create dirs");
             fs::write(&p, bytes).expect("write file");
+            if executables.contains(path) {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
+            }
         }
         let tar_path = scratch.path().join(format!("layer-{i}.tar"));
         run(Command::new("tar")
@@ -512,7 +529,7 @@ pub fn build_files_image(layout: &Path, arch: &str, layers: &[Vec<(&str, Vec<u8>
     let config = serde_json::json!({
         "architecture": arch,
         "os": "linux",
-        "config": {"Entrypoint": ["/bin/app", "--serve"], "Env": ["MODE=test"]},
+        "config": process,
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     })
     .to_string();

@@ -1,0 +1,367 @@
+//! The containerd snapshotter end to end: a real containerd 1.6 with its CRI plugin and
+//! runc, the `tessera agent` as its proxy snapshotter, images pulled through the CRI
+//! image service as the kubelet pulls them (a tonic client of the CRI API), containers
+//! started from them with `ctr run`, and a real `docker-registry` behind the fault
+//! proxy, which counts what the origin sends.
+//!
+//! Needs containerd, runc, fuse3, docker-registry, umoci, skopeo and busybox-static
+//! (`make test-deps`); runs as root.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use support::agent::{is_mounted, AgentProcess};
+use support::containerd::Containerd;
+use support::fault_proxy::FaultProxy;
+use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
+use support::registry::Registry;
+use support::{s, tessera};
+use tessera_proto::cri::image_service_client::ImageServiceClient;
+use tessera_proto::cri::{ImageSpec, PullImageRequest};
+
+/// What the test container prints: a line of a file from the image, then a line it
+/// wrote to its writable layer and read back (shell builtins only: the image's one
+/// program is busybox as `/bin/sh`).
+const SCRIPT: &str = r#"read l < /data/hello; echo "$l"; echo "written by $1" > /data/new; read n < /data/new; echo "$n""#;
+
+/// One node: a registry (behind the counting proxy), the agent with its snapshotter,
+/// and containerd configured to use it.
+struct Node {
+    t: tempfile::TempDir,
+    registry: Registry,
+    proxy: FaultProxy,
+    agent: AgentProcess,
+    containerd: Containerd,
+    /// `tessera/app:v1` through the proxy (converted) and `src/app:v1` (plain OCI).
+    tessera_ref: String,
+    plain_ref: String,
+    /// Digests of the converted image's blob layers (never fetched by a pull).
+    blob_layers: Vec<String>,
+}
+
+/// Temp dirs under /tmp keep the unix socket paths short.
+fn node() -> Node {
+    require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("tsnap")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+
+    // Layer 0: busybox as /bin/sh; layer 1: a small file to read and a large one
+    // nobody reads (a lazy start must not fetch it).
+    let busybox = std::fs::read(which("busybox")).unwrap();
+    let layout = t.path().join("layout");
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[
+            vec![("bin/sh", busybox)],
+            vec![
+                ("data/hello", b"hello from the image\n".to_vec()),
+                ("data/big", pseudo_random(6 << 20, 7)),
+            ],
+        ],
+        &["bin/sh"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let out = tessera()
+        .args(["convert", "--json"])
+        .arg(format!("{}/src/app:v1", registry.addr))
+        .arg(format!("{}/tessera/app:v1", registry.addr))
+        .env("DOCKER_CONFIG", t.path())
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let agent_dir = t.path().join("agent");
+    let snap_socket = agent_dir.join("snap.sock");
+    let agent = AgentProcess::start(
+        &agent_dir,
+        &[
+            "--no-p2p",
+            "--prefetch",
+            "none",
+            "--snapshotter-socket",
+            s(&snap_socket),
+            "--snapshotter-root",
+            s(&agent_dir.join("snapshotter")),
+        ],
+    );
+    wait_for_socket(&snap_socket, &agent);
+
+    // containerd reaches the proxy over plain HTTP.
+    let hosts = t.path().join("certs.d");
+    let host_dir = hosts.join(&proxy.addr);
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::write(
+        host_dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{0}\"\n\n[host.\"http://{0}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            proxy.addr
+        ),
+    )
+    .unwrap();
+    let containerd = Containerd::start_cri(&t.path().join("containerd"), &snap_socket, &hosts);
+
+    let manifest = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!(
+            "http://{}/v2/tessera/app/manifests/v1",
+            registry.addr
+        ))
+        .output()
+        .unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let blob_layers = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["mediaType"] == "application/vnd.oci.image.layer.tessera.blob.v1")
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    assert!(
+        !blob_layers.is_empty(),
+        "the converted image has blob layers: {manifest}"
+    );
+    Node {
+        tessera_ref: format!("{}/tessera/app:v1", proxy.addr),
+        plain_ref: format!("{}/src/app:v1", proxy.addr),
+        t,
+        registry,
+        proxy,
+        agent,
+        containerd,
+        blob_layers,
+    }
+}
+
+fn which(tool: &str) -> PathBuf {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap();
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn wait_for_socket(socket: &Path, agent: &AgentProcess) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the snapshotter socket {} did not appear:\n{}",
+            socket.display(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `runtime.v1.ImageService/PullImage` on containerd's socket, as the kubelet calls it;
+/// returns the image id containerd answers with.
+fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, tonic::Status> {
+    let socket = containerd.socket.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        // The URI is a placeholder: the connector dials the unix socket.
+        let channel = tonic::transport::Endpoint::from_static("http://localhost")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let socket = socket.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(socket).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .expect("connect to containerd's socket");
+        let mut client = ImageServiceClient::new(channel);
+        let request = PullImageRequest {
+            image: Some(ImageSpec {
+                image: image.to_string(),
+                ..ImageSpec::default()
+            }),
+            ..PullImageRequest::default()
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(120), client.pull_image(request))
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("CRI pull took over 120 s"))??;
+        Ok(answer.into_inner().image_ref)
+    })
+}
+
+/// Runs the test script in a new container `name` from `image` with the Tessera
+/// snapshotter; returns its output.
+fn run_container(node: &Node, image: &str, name: &str) -> String {
+    let out = node.containerd.ctr_k8s(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "tessera",
+        image,
+        name,
+        "/bin/sh",
+        "-c",
+        SCRIPT,
+        "sh",
+        name,
+    ]);
+    assert!(
+        out.status.success(),
+        "ctr run {name}: {}\n{}\ncontainerd log:\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.containerd.log(),
+        node.agent.log()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn expected_output(name: &str) -> String {
+    format!("hello from the image\nwritten by {name}\n")
+}
+
+/// Requests for `/blobs/<digest>` the proxy answered.
+fn blob_fetches(proxy: &FaultProxy, digest: &str) -> usize {
+    proxy
+        .log()
+        .iter()
+        .filter(|l| l.method == "GET" && l.target.contains(&format!("/blobs/{digest}")))
+        .count()
+}
+
+/// A converted image pulled through CRI is mounted, not downloaded: the origin sends
+/// the manifest, the config and the bootstrap, none of the blob layers; a container
+/// runs from it, reads a file of the image and writes to its own layer. The plain OCI
+/// original pulled with the same snapshotter is unpacked as usual and runs the same.
+#[test]
+fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
+    let node = node();
+
+    let image_id = cri_pull(&node.containerd, &node.tessera_ref).unwrap_or_else(|e| {
+        panic!(
+            "CRI pull: {e}\ncontainerd log:\n{}\nagent log:\n{}",
+            node.containerd.log(),
+            node.agent.log()
+        )
+    });
+    assert!(image_id.starts_with("sha256:"), "{image_id}");
+    for blob in &node.blob_layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, blob),
+            0,
+            "a pull through the Tessera snapshotter fetched blob layer {blob}:\n{:#?}",
+            node.proxy.log()
+        );
+    }
+    let pulled: u64 = node.proxy.blob_bytes();
+    assert!(
+        pulled < 1 << 20,
+        "the pull fetched {pulled} blob bytes; the config and bootstrap are a few KiB:\n{:#?}",
+        node.proxy.log()
+    );
+    // The image is one lazy mount in the snapshotter's root.
+    let status = node.agent.status();
+    let mounts = status["mounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), 1, "{status}");
+    let mountpoint = PathBuf::from(mounts[0]["mountpoint"].as_str().unwrap());
+    assert!(mountpoint.starts_with(node.agent.dir.join("snapshotter")));
+    assert!(is_mounted(&mountpoint));
+
+    let before_run = node.proxy.blob_bytes();
+    assert_eq!(
+        run_container(&node, &node.tessera_ref, "c1"),
+        expected_output("c1")
+    );
+    let read = node.proxy.blob_bytes() - before_run;
+    assert!(
+        read > 0,
+        "running the container read chunks from the origin"
+    );
+    assert!(
+        read < 5 << 20,
+        "the container read busybox and a small file, not the 6 MiB file: {read} bytes"
+    );
+    // A second container from the same image: the same mount, its own writable layer.
+    assert_eq!(
+        run_container(&node, &node.tessera_ref, "c2"),
+        expected_output("c2")
+    );
+    assert_eq!(node.agent.status()["mounts"].as_array().unwrap().len(), 1);
+
+    // The plain OCI original: containerd downloads and unpacks it into the snapshotter.
+    let before_plain = node.proxy.log().len();
+    cri_pull(&node.containerd, &node.plain_ref).unwrap_or_else(|e| {
+        panic!(
+            "CRI pull of the plain image: {e}\n{}",
+            node.containerd.log()
+        )
+    });
+    assert!(
+        node.proxy.log()[before_plain..]
+            .iter()
+            .filter(|l| l.target.contains("/blobs/"))
+            .count()
+            >= 3,
+        "the plain image's config and two layers were downloaded"
+    );
+    assert_eq!(
+        run_container(&node, &node.plain_ref, "p1"),
+        expected_output("p1")
+    );
+    assert_eq!(
+        node.agent.status()["mounts"].as_array().unwrap().len(),
+        1,
+        "a plain image is not mounted lazily"
+    );
+
+    // Removing the image (the CRI plugin names it by tag, by digest and by id) and
+    // collecting garbage releases the lazy mount.
+    let names = node.containerd.ctr_k8s(&["image", "ls", "-q"]);
+    let names = String::from_utf8(names.stdout).unwrap();
+    for name in names
+        .lines()
+        .filter(|n| n.contains("/tessera/app") || *n == image_id)
+    {
+        let rm = node.containerd.ctr_k8s(&["image", "rm", "--sync", name]);
+        assert!(
+            rm.status.success(),
+            "ctr image rm {name}: {}",
+            String::from_utf8_lossy(&rm.stderr)
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while is_mounted(&mountpoint) {
+        assert!(
+            Instant::now() < deadline,
+            "the image's mount outlived its image:\nimages: {}\nsnapshots: {}\n{}",
+            String::from_utf8_lossy(&node.containerd.ctr_k8s(&["image", "ls", "-q"]).stdout),
+            String::from_utf8_lossy(
+                &node
+                    .containerd
+                    .ctr_k8s(&["snapshot", "--snapshotter", "tessera", "ls"])
+                    .stdout
+            ),
+            node.agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = (&node.t, &node.registry);
+}
