@@ -34,7 +34,7 @@ enum Command {
     /// Convert a registry image into a Tessera image and push it to a registry.
     Convert(Box<commands::convert::ConvertArgs>),
     /// Run the node agent: lazy mounts, the chunk cache, the local API.
-    Agent(commands::agent::AgentArgs),
+    Agent(Box<commands::agent::AgentArgs>),
     /// Mount an image through the agent (data is fetched as it is read).
     Mount(commands::agent::MountArgs),
     /// Unmount an image mounted through the agent.
@@ -60,7 +60,7 @@ fn main() {
         Command::Check(args) => commands::image::check(args),
         Command::Unpack(args) => commands::image::unpack(args),
         Command::Convert(args) => commands::convert::convert(*args),
-        Command::Agent(args) => commands::agent::agent(args),
+        Command::Agent(args) => commands::agent::agent(*args),
         Command::Mount(args) => commands::agent::mount(args),
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),

@@ -174,7 +174,7 @@ fn wait_for_socket(socket: &Path, agent: &AgentProcess) {
 
 /// `runtime.v1.ImageService/PullImage` on containerd's socket, as the kubelet calls it;
 /// returns the image id containerd answers with.
-fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, tonic::Status> {
+fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, String> {
     let socket = containerd.socket.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -202,7 +202,8 @@ fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, tonic::Statu
         };
         let answer = tokio::time::timeout(Duration::from_secs(120), client.pull_image(request))
             .await
-            .map_err(|_| tonic::Status::deadline_exceeded("CRI pull took over 120 s"))??;
+            .map_err(|_| "CRI pull took over 120 s".to_string())?
+            .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
         Ok(answer.into_inner().image_ref)
     })
 }

@@ -201,15 +201,15 @@ impl Snapshots for Service {
     ) -> Result<Response<Self::ListStream>, Status> {
         let all = self.0.list(&request.get_ref().filters).map_err(status)?;
         // One message per hundred, as containerd's own service batches them.
-        let batches: Vec<Result<pb::ListSnapshotsResponse, Status>> = all
+        let batches: Vec<pb::ListSnapshotsResponse> = all
             .chunks(100)
-            .map(|c| {
-                Ok(pb::ListSnapshotsResponse {
-                    info: c.iter().cloned().map(info).collect(),
-                })
+            .map(|c| pb::ListSnapshotsResponse {
+                info: c.iter().cloned().map(info).collect(),
             })
             .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            batches.into_iter().map(Ok),
+        ))))
     }
 
     async fn usage(
