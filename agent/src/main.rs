@@ -43,6 +43,10 @@ enum Command {
     Status(commands::agent::StatusArgs),
     /// Point containerd's registry hosts at the agent's mirror (hosts.toml files).
     ContainerdConfig(commands::containerd::ContainerdConfigArgs),
+    /// Hold the snapshotter's FUSE connections while the agent restarts (the agent
+    /// starts it; it exits when it holds nothing).
+    #[command(hide = true)]
+    FuseKeeper(commands::agent::FuseKeeperArgs),
 }
 
 fn main() {
@@ -65,6 +69,7 @@ fn main() {
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),
         Command::ContainerdConfig(args) => commands::containerd::containerd_config(args),
+        Command::FuseKeeper(args) => commands::agent::fuse_keeper(args),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -30,12 +30,14 @@ const SCRIPT: &str = r#"read l < /data/hello; echo "$l"; echo "written by $1" > 
 
 /// One node: a registry (behind the counting proxy), the agent with its snapshotter,
 /// and containerd configured to use it.
+/// Fields drop in order: containerd (and its containers), the agent (and its mounts),
+/// then the files.
 struct Node {
-    t: tempfile::TempDir,
-    registry: Registry,
-    proxy: FaultProxy,
-    agent: AgentProcess,
     containerd: Containerd,
+    agent: AgentProcess,
+    proxy: FaultProxy,
+    registry: Registry,
+    t: tempfile::TempDir,
     /// `tessera/app:v1` through the proxy (converted) and `src/app:v1` (plain OCI).
     tessera_ref: String,
     plain_ref: String,
@@ -61,13 +63,16 @@ fn node() -> Node {
         &layout,
         "amd64",
         &[
-            vec![("bin/sh", busybox)],
+            // busybox runs the applet its name says; the copies share every chunk.
+            vec![("bin/sh", busybox.clone()), ("bin/sleep", busybox)],
             vec![
                 ("data/hello", b"hello from the image\n".to_vec()),
+                ("data/later", b"read after the agent restarted\n".to_vec()),
+                ("data/crash", b"read after the agent crashed\n".to_vec()),
                 ("data/big", pseudo_random(6 << 20, 7)),
             ],
         ],
-        &["bin/sh"],
+        &["bin/sh", "bin/sleep"],
         serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
     );
     registry.push_layout(&layout, oci::TAG, "src/app");
@@ -159,9 +164,11 @@ fn which(tool: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// Waits until the agent's snapshotter accepts connections (a killed agent leaves its
+/// socket file behind).
 fn wait_for_socket(socket: &Path, agent: &AgentProcess) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
         assert!(
             Instant::now() < deadline,
             "the snapshotter socket {} did not appear:\n{}",
@@ -169,6 +176,26 @@ fn wait_for_socket(socket: &Path, agent: &AgentProcess) {
             agent.log()
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until containerd reaches the snapshotter again after the agent restarted:
+/// containerd redials a proxy plugin with a backoff of up to 3 s.
+fn wait_for_containerd_to_reconnect(node: &Node) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = node
+            .containerd
+            .ctr_k8s(&["snapshot", "--snapshotter", "tessera", "ls"]);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "containerd does not reach the snapshotter: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -235,6 +262,30 @@ fn run_container(node: &Node, image: &str, name: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Runs a script in the running container `container` (`ctr task exec`).
+fn exec(node: &Node, container: &str, id: &str, script: &str) -> String {
+    let out = node.containerd.ctr_k8s(&[
+        "task",
+        "exec",
+        "--exec-id",
+        id,
+        container,
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        id,
+    ]);
+    assert!(
+        out.status.success(),
+        "ctr task exec {id}: {}\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn expected_output(name: &str) -> String {
     format!("hello from the image\nwritten by {name}\n")
 }
@@ -254,7 +305,7 @@ fn blob_fetches(proxy: &FaultProxy, digest: &str) -> usize {
 /// original pulled with the same snapshotter is unpacked as usual and runs the same.
 #[test]
 fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
-    let node = node();
+    let mut node = node();
 
     let image_id = cri_pull(&node.containerd, &node.tessera_ref).unwrap_or_else(|e| {
         panic!(
@@ -306,6 +357,73 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
         expected_output("c2")
     );
     assert_eq!(node.agent.status()["mounts"].as_array().unwrap().len(), 1);
+
+    // A container that keeps running while the agent restarts.
+    let started = node.containerd.ctr_k8s(&[
+        "run",
+        "-d",
+        "--snapshotter",
+        "tessera",
+        &node.tessera_ref,
+        "long",
+        "/bin/sleep",
+        "3600",
+    ]);
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    assert_eq!(exec(&node, "long", "e1", SCRIPT), expected_output("e1"));
+
+    // The agent restarts (SIGTERM, a new process): the FUSE keeper held the mount's
+    // connection, the new agent serves it, and the running container reads a file it
+    // never read before, through the same mount, and writes to its layer.
+    node.agent.restart();
+    let socket = node.agent.dir.join("snap.sock");
+    wait_for_socket(&socket, &node.agent);
+    wait_for_containerd_to_reconnect(&node);
+    assert!(
+        node.agent
+            .log()
+            .contains("took over the mount the previous agent left"),
+        "{}",
+        node.agent.log()
+    );
+    assert!(is_mounted(&mountpoint));
+    let after =
+        r#"read l < /data/later; echo "$l"; echo more >> /data/new; read n < /data/new; echo "$n""#;
+    assert_eq!(
+        exec(&node, "long", "e2", after),
+        "read after the agent restarted\nwritten by e1\n"
+    );
+    // A new container from the same image starts too.
+    assert_eq!(
+        run_container(&node, &node.tessera_ref, "c3"),
+        expected_output("c3")
+    );
+    // A crash (SIGKILL) is survived the same way.
+    node.agent.kill9();
+    node.agent.restart();
+    wait_for_socket(&socket, &node.agent);
+    wait_for_containerd_to_reconnect(&node);
+    let after_crash = r#"read l < /data/crash; echo "$l""#;
+    assert_eq!(
+        exec(&node, "long", "e3", after_crash),
+        "read after the agent crashed\n"
+    );
+    for args in [
+        &["task", "kill", "-s", "SIGKILL", "long"][..],
+        &["task", "delete", "-f", "long"],
+        &["container", "delete", "long"],
+    ] {
+        let out = node.containerd.ctr_k8s(args);
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // The plain OCI original: containerd downloads and unpacks it into the snapshotter.
     let before_plain = node.proxy.log().len();

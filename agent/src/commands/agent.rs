@@ -8,6 +8,7 @@ use clap::Args;
 use tessera_agent::api::{self, Request, Transport};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
 use tessera_agent::daemon::{Agent, MountStatus, Status};
+use tessera_agent::fs::handover::Keeper;
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::credentials::{default_auth_file, DockerConfig};
 use tessera_agent::snapshotter::{self, Snapshotter};
@@ -318,7 +319,20 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             servers.spawn(mirror.clone().serve(listener));
         }
         if let Some(socket) = &config.snapshotter.socket {
-            let remote = snapshotter::remote::Remote::new(agent.clone());
+            let root = &config.snapshotter.root;
+            std::fs::create_dir_all(root)
+                .with_context(|| format!("create {}", root.display()))?;
+            let keeper = std::env::current_exe()
+                .and_then(|exe| {
+                    Keeper::connect_or_start(
+                        &root.join("fuse-keeper.sock"),
+                        &exe,
+                        &root.join("fuse-keeper.log"),
+                    )
+                })
+                .map_err(|e| tracing::warn!(error = %e, "no FUSE keeper: the snapshotter's mounts will not outlive this agent"))
+                .ok();
+            let remote = snapshotter::remote::Remote::new(agent.clone(), keeper);
             let snapshotter = Snapshotter::open(&config.snapshotter.root, Some(remote))?;
             snapshotter.restore().await?;
             let listener = snapshotter::listen(socket)?;
@@ -336,6 +350,9 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         servers.abort_all();
         agent.shutdown().await;
         let _ = std::fs::remove_file(&config.socket);
+        if let Some(socket) = &config.snapshotter.socket {
+            let _ = std::fs::remove_file(socket);
+        }
         Ok(())
     })
 }
@@ -434,4 +451,16 @@ pub fn status(args: StatusArgs) -> Result<()> {
     let result = call(&args.client, Request::Status).context("ask the agent for its status")?;
     let status: Status = serde_json::from_value(result)?;
     print_summary(&status, args.client.json)
+}
+
+#[derive(Debug, Args)]
+pub struct FuseKeeperArgs {
+    /// The unix socket agents reach it on.
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+}
+
+pub fn fuse_keeper(args: FuseKeeperArgs) -> Result<()> {
+    tessera_agent::fs::handover::run_keeper(&args.socket)
+        .with_context(|| format!("FUSE keeper on {}", args.socket.display()))
 }

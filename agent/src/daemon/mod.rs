@@ -12,7 +12,7 @@ mod mounts;
 mod preheat;
 mod stale;
 
-pub use mounts::{MountStatus, Recorder};
+pub use mounts::{Attach, MountStatus, Recorder};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -232,7 +232,12 @@ impl Agent {
         std::fs::create_dir_all(&config.cache_dir)
             .map_err(|e| Error::io("create", &config.cache_dir, e))?;
         let owner = stale::owner_of(&config.cache_dir);
-        for (path, outcome) in stale::clear_stale_mounts(&owner) {
+        let snapshotter_root = config
+            .snapshotter
+            .socket
+            .as_ref()
+            .and_then(|_| std::fs::canonicalize(&config.snapshotter.root).ok());
+        for (path, outcome) in stale::clear_stale_mounts(&owner, snapshotter_root.as_deref()) {
             match outcome {
                 Ok(()) => {
                     tracing::warn!(path = %path.display(), "cleared a stale Tessera mount left by a previous agent")
@@ -386,7 +391,7 @@ impl Agent {
             mounts.drain().map(|(_, m)| m).collect()
         };
         for m in all {
-            m.unmount().await;
+            m.shut_down().await;
         }
         if let Some(network) = self.fetcher.network() {
             network.leave().await;

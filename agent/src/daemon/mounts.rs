@@ -33,6 +33,20 @@ pub struct Mount {
     prefetch: Mutex<Option<tokio::task::JoinHandle<()>>>,
     mounted_at: SystemTime,
     mount_seconds: f64,
+    /// The FUSE keeper holds its connection: at shutdown it stays mounted for the next
+    /// agent to take over (the snapshotter's mounts, under running containers).
+    kept: std::sync::atomic::AtomicBool,
+}
+
+/// How [`Agent::mount_with`] gets its filesystem to the mount point.
+#[derive(Debug)]
+pub enum Attach {
+    /// Mounts anew.
+    Mount,
+    /// Mounts anew and returns a copy of the FUSE connection (for the keeper).
+    MountHandingOver,
+    /// Serves this connection of a mount an earlier agent left at the mount point.
+    TakeOver(std::os::fd::OwnedFd),
 }
 
 /// What the filesystem reads through: the image's chunks, and the read statistics.
@@ -268,12 +282,41 @@ impl Mount {
         tracing::info!("unmounted: {status}");
         status
     }
+
+    /// Marks the mount as held by the FUSE keeper (see [`Attach`]).
+    pub fn set_kept(&self) {
+        self.kept.store(true, Ordering::Relaxed);
+    }
+
+    /// Shutdown: a kept mount stays mounted for the next agent, others are unmounted.
+    pub(super) async fn shut_down(&self) {
+        if !self.kept.load(Ordering::Relaxed) {
+            self.unmount().await;
+            return;
+        }
+        if let Some(task) = self
+            .prefetch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
+        }
+        let session = self
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(session) = session {
+            session.leave_mounted();
+        }
+        tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");
+    }
 }
 
 impl Agent {
     /// Mounts `image` at `mountpoint`: resolves it, fetches and verifies its bootstrap,
     /// and serves it at once; data is fetched as it is read.
-    #[tracing::instrument(skip_all, fields(image = %image, mountpoint = %mountpoint.display()))]
     pub async fn mount(
         self: &Arc<Self>,
         image: &str,
@@ -282,8 +325,29 @@ impl Agent {
         platform: Option<String>,
         prefetch: Option<Prefetch>,
     ) -> Result<MountStatus> {
+        let (status, _) = self
+            .mount_with(image, mountpoint, record, platform, prefetch, Attach::Mount)
+            .await?;
+        Ok(status)
+    }
+
+    /// [`mount`](Self::mount), or taking over a mount an earlier agent left (then
+    /// `mountpoint` must be canonical: it is not looked at before it is served).
+    #[tracing::instrument(skip_all, fields(image = %image, mountpoint = %mountpoint.display()))]
+    pub async fn mount_with(
+        self: &Arc<Self>,
+        image: &str,
+        mountpoint: &Path,
+        record: Option<PathBuf>,
+        platform: Option<String>,
+        prefetch: Option<Prefetch>,
+        attach: Attach,
+    ) -> Result<(MountStatus, Option<std::os::fd::OwnedFd>)> {
         let started = Instant::now();
-        let mountpoint = Self::canonical(mountpoint)?;
+        let mountpoint = match attach {
+            Attach::TakeOver(_) => mountpoint.to_path_buf(),
+            _ => Self::canonical(mountpoint)?,
+        };
         if self
             .mounts
             .lock()
@@ -324,16 +388,21 @@ impl Agent {
             allow_other: true,
             read_latency: Some(self.fetcher.metrics.fuse_read_seconds.clone()),
         };
-        let session = {
+        let hand_over = matches!(attach, Attach::MountHandingOver);
+        let mut session = {
             let (b, reader, mp) = (
                 bootstrap.clone(),
                 mounted_image.clone() as Arc<dyn ChunkReader>,
                 mountpoint.clone(),
             );
-            tokio::task::spawn_blocking(move || fs::mount(b, reader, &mp, &opts))
-                .await
-                .map_err(|e| Error::Agent(format!("mount task failed: {e}")))??
+            tokio::task::spawn_blocking(move || match attach {
+                Attach::TakeOver(connection) => fs::attach(b, reader, &mp, connection, &opts),
+                _ => fs::mount(b, reader, &mp, &opts),
+            })
+            .await
+            .map_err(|e| Error::Agent(format!("mount task failed: {e}")))??
         };
+        let connection = session.take_connection().filter(|_| hand_over);
         let mount = Arc::new(Mount {
             image: mounted_image.clone(),
             mountpoint: mountpoint.clone(),
@@ -341,6 +410,7 @@ impl Agent {
             prefetch: Mutex::new(None),
             mounted_at: SystemTime::now(),
             mount_seconds: started.elapsed().as_secs_f64(),
+            kept: std::sync::atomic::AtomicBool::new(false),
         });
         let mode = prefetch.unwrap_or(self.config.prefetch);
         if mode != Prefetch::None {
@@ -358,7 +428,19 @@ impl Agent {
             .insert(mountpoint, mount.clone());
         let status = mount.status();
         tracing::info!(digest = %status.digest, seconds = status.mount_seconds, "mounted");
-        Ok(status)
+        Ok((status, connection))
+    }
+
+    /// Marks the mount at `mountpoint` as held by the FUSE keeper.
+    pub fn set_kept(&self, mountpoint: &Path) {
+        if let Some(m) = self
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(mountpoint)
+        {
+            m.set_kept();
+        }
     }
 
     pub async fn umount(&self, mountpoint: &Path) -> Result<MountStatus> {

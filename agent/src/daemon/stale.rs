@@ -5,7 +5,7 @@
 //! cache directory: an agent clears its own predecessor's mounts, never those of
 //! another agent on the same machine (tests run several).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The filesystem type our mounts have (`fuse.` + the subtype we mount with).
@@ -18,7 +18,7 @@ pub fn source_prefix(owner: &str) -> String {
 
 /// Names an agent by its cache directory (a short hash: mount sources are visible to
 /// every user and need not spell out paths).
-pub fn owner_of(cache_dir: &std::path::Path) -> String {
+pub fn owner_of(cache_dir: &Path) -> String {
     use sha2::Digest;
     let canonical = std::fs::canonicalize(cache_dir).unwrap_or_else(|_| cache_dir.to_path_buf());
     let hash = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
@@ -28,12 +28,18 @@ pub fn owner_of(cache_dir: &std::path::Path) -> String {
 /// Unmounts (lazily, so a process still inside does not block it) every mount of
 /// `owner` in the mount table; returns each path with how it went. Called before the
 /// agent mounts anything, so every such mount is a stale one.
-pub fn clear_stale_mounts(owner: &str) -> Vec<(PathBuf, Result<(), String>)> {
+pub fn clear_stale_mounts(
+    owner: &str,
+    keep_under: Option<&Path>,
+) -> Vec<(PathBuf, Result<(), String>)> {
     let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
     tessera_mounts(&table, &source_prefix(owner))
         .into_iter()
+        // The snapshotter's mounts may be alive (the FUSE keeper holds them): it
+        // takes them over or clears them itself.
+        .filter(|path| keep_under.is_none_or(|k| !path.starts_with(k)))
         .map(|path| {
             let outcome = Command::new("fusermount3")
                 .arg("-u")

@@ -40,10 +40,12 @@ pub struct ImageFs {
     reader: Arc<dyn ChunkReader>,
     stats: Arc<FsStats>,
     pool: Pool,
-    /// Open regular files by handle, with their pieces looked up (and validated) once
-    /// at open, so that each read is a binary search instead of a walk of the list.
-    open_files: HashMap<u64, OpenFile>,
-    next_fh: u64,
+    /// Open regular files by inode, with their pieces looked up (and validated) once
+    /// at open, so that each read is a binary search instead of a walk of the list;
+    /// and how many opens each has. The file handle given to the kernel is the inode
+    /// number: a session that takes over a FUSE connection after a restart (see
+    /// `handover`) can serve handles it never gave out.
+    open_files: HashMap<u64, (OpenFile, u32)>,
     /// Asynchronous requests (readahead) the kernel may keep in flight: enough to keep
     /// every worker busy with some queued behind, rather than the kernel's default 12.
     max_background: u16,
@@ -88,7 +90,6 @@ impl ImageFs {
             stats,
             pool,
             open_files: HashMap::new(),
-            next_fh: 1,
             max_background,
             statfs_blocks: None,
             read_latency,
@@ -272,13 +273,15 @@ impl Filesystem for ImageFs {
         if flags & O_ACCMODE != O_RDONLY {
             return reply.error(EROFS);
         }
+        if let Some((_, opens)) = self.open_files.get_mut(&ino) {
+            *opens += 1;
+            return reply.opened(ino, FOPEN_KEEP_CACHE);
+        }
         match self.open_file(ino) {
             Ok(file) => {
-                let fh = self.next_fh;
-                self.next_fh += 1;
-                self.open_files.insert(fh, file);
+                self.open_files.insert(ino, (file, 1));
                 // The data never changes: keep cached pages across close and open.
-                reply.opened(fh, FOPEN_KEEP_CACHE);
+                reply.opened(ino, FOPEN_KEEP_CACHE);
             }
             Err(e) => reply.error(e),
         }
@@ -287,8 +290,8 @@ impl Filesystem for ImageFs {
     fn read(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
+        ino: u64,
+        _fh: u64,
         offset: i64,
         size: u32,
         _flags: i32,
@@ -296,7 +299,14 @@ impl Filesystem for ImageFs {
         reply: ReplyData,
     ) {
         FsStats::count(&self.stats.reads, 1);
-        let Some(file) = self.open_files.get(&fh) else {
+        if !self.open_files.contains_key(&ino) {
+            // Opened before this session took over the connection.
+            match self.open_file(ino) {
+                Ok(file) => self.open_files.insert(ino, (file, 0)),
+                Err(e) => return reply.error(e),
+            };
+        }
+        let Some((file, _)) = self.open_files.get(&ino) else {
             return reply.error(EBADF);
         };
         let Ok(offset) = u64::try_from(offset) else {
@@ -350,14 +360,19 @@ impl Filesystem for ImageFs {
     fn release(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
-        fh: u64,
+        ino: u64,
+        _fh: u64,
         _flags: i32,
         _lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.open_files.remove(&fh);
+        if let Some((_, opens)) = self.open_files.get_mut(&ino) {
+            *opens = opens.saturating_sub(1);
+            if *opens == 0 {
+                self.open_files.remove(&ino);
+            }
+        }
         reply.ok();
     }
 

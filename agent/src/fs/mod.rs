@@ -16,7 +16,9 @@
 //! - `pool` — the worker threads reads run on.
 //! - `errno` — the error numbers we answer with.
 //! - `session` — [`mount`] and [`Mounted`]: the mount point, the session thread, a
-//!   clean unmount.
+//!   clean unmount; [`attach`]: serving a mount an earlier agent made.
+//! - `handover` — the FUSE keeper that holds mounts' connections while the agent
+//!   restarts, and the relay that lets a new session take one over.
 //!
 //! Architecture invariant: the image is immutable, so the kernel may cache everything
 //! (entries, attributes, negative lookups, file pages) for as long as the mount lives,
@@ -27,11 +29,12 @@
 mod attr;
 mod errno;
 mod filesystem;
+pub mod handover;
 mod pool;
 mod read;
 mod session;
 
-pub use session::{mount, Mounted};
+pub use session::{attach, mount, Mounted};
 
 use std::borrow::Borrow;
 use std::sync::atomic::{AtomicU64, Ordering};

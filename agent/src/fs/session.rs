@@ -9,6 +9,7 @@
 //! Either way no "transport endpoint is not connected" mount is left behind.
 
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +48,11 @@ pub struct Mounted {
     session: Option<JoinHandle<io::Result<()>>>,
     /// Sent to when the session thread has finished (the filesystem is dropped).
     ended: Receiver<()>,
+    /// A copy of the FUSE connection (`/dev/fuse`), for [`handover`](super::handover).
+    connection: Option<OwnedFd>,
+    /// Serving a connection another process mounted ([`attach`]): fuser has no
+    /// unmount of its own for it.
+    attached: bool,
     stats: Arc<FsStats>,
     span: tracing::Span,
 }
@@ -77,7 +83,12 @@ pub fn mount(
     );
     let session = Session::new(fs, &mountpoint, &mount_options(opts))
         .map_err(|e| Error::io("mount FUSE filesystem at", &mountpoint, e))?;
+    let connection = session
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Error::io("copy the FUSE connection of", &mountpoint, e))?;
     let mut mounted = run_session(session, mountpoint, stats, span)?;
+    mounted.connection = Some(connection);
     // Served by the session thread: when it answers, the filesystem is up. (On an
     // error, dropping `mounted` unmounts.)
     match std::fs::metadata(&mounted.mountpoint) {
@@ -96,6 +107,48 @@ pub fn mount(
     mounted
         .span
         .in_scope(|| tracing::info!(mountpoint = %path, workers, "mounted"));
+    Ok(mounted)
+}
+
+/// Serves `bootstrap` on `connection`, the FUSE connection of a mount already at
+/// `mountpoint` that an earlier process served (see [`handover`](super::handover)).
+/// `mountpoint` must be canonical: it is not looked at (a stat would wait for a
+/// server until this one runs).
+pub fn attach(
+    bootstrap: Arc<Bootstrap>,
+    reader: Arc<dyn ChunkReader>,
+    mountpoint: &Path,
+    connection: OwnedFd,
+    opts: &MountOptions,
+) -> Result<Mounted> {
+    let span = tracing::info_span!("mount", fsname = %opts.fsname);
+    let stats = Arc::new(FsStats::default());
+    let pool = Pool::new(opts.workers, &span)
+        .map_err(|e| Error::io("start read workers for", mountpoint, e))?;
+    let fs = ImageFs::new(
+        bootstrap,
+        reader,
+        stats.clone(),
+        pool,
+        opts.workers,
+        opts.read_latency.clone(),
+    );
+    let copy = connection
+        .try_clone()
+        .map_err(|e| Error::io("copy the FUSE connection of", mountpoint, e))?;
+    let relayed = super::handover::relay(connection)
+        .map_err(|e| Error::io("take over the FUSE connection of", mountpoint, e))?;
+    let session = Session::from_fd(fs, relayed, fuser::SessionACL::All);
+    let mut mounted = run_session(session, mountpoint.to_path_buf(), stats, span)?;
+    mounted.connection = Some(copy);
+    mounted.attached = true;
+    match std::fs::metadata(mountpoint) {
+        Ok(meta) => mounted.dev = meta.dev(),
+        Err(e) => return Err(Error::io("stat taken-over mount", mountpoint, e)),
+    }
+    mounted
+        .span
+        .in_scope(|| tracing::info!(mountpoint = %mountpoint.display(), "took over the mount"));
     Ok(mounted)
 }
 
@@ -130,6 +183,8 @@ fn run_session(
         unmounter: Some(unmounter),
         session: Some(thread),
         ended,
+        connection: None,
+        attached: false,
         stats,
         span,
     })
@@ -193,6 +248,18 @@ impl Mounted {
         self.shutdown()
     }
 
+    /// The copy of the FUSE connection taken at mount (once).
+    pub fn take_connection(&mut self) -> Option<OwnedFd> {
+        self.connection.take()
+    }
+
+    /// Leaves the filesystem mounted as this process ends: another process holds the
+    /// connection and the next agent serves it ([`handover`](super::handover)).
+    pub fn leave_mounted(mut self) {
+        self.unmounter = None;
+        self.session = None;
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         let Some(mut unmounter) = self.unmounter.take() else {
             return Ok(());
@@ -200,7 +267,11 @@ impl Mounted {
         let span = self.span.clone();
         let _entered = span.enter();
         // umount(2), unless the session already ended; fuser only logs a failure.
-        let _ = unmounter.unmount();
+        if self.attached {
+            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty());
+        } else {
+            let _ = unmounter.unmount();
+        }
         if self.still_mounted() {
             lazy_unmount(&self.mountpoint)?;
             // The session lives on for the processes inside; its thread ends with them.
@@ -285,7 +356,7 @@ fn mounted_in(mountinfo: &str, dev: u64, mountpoint: &Path) -> bool {
 }
 
 /// mountinfo writes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(field: &str) -> Vec<u8> {
+pub(super) fn unescape(field: &str) -> Vec<u8> {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -134,6 +134,9 @@ impl Snapshotter {
     pub fn open(root: &Path, remote: Option<remote::Remote>) -> Result<Arc<Snapshotter>> {
         let snapshots = root.join("snapshots");
         std::fs::create_dir_all(&snapshots).map_err(|e| Error::io("create", &snapshots, e))?;
+        // Canonical, so that mount points are named as the mount table names them
+        // (and never looked up through a mount whose server is away).
+        let root = &std::fs::canonicalize(root).map_err(|e| Error::io("find", root, e))?;
         let store = Store::open(&root.join("metadata.db"))?;
         Ok(Arc::new(Snapshotter {
             root: root.to_path_buf(),
@@ -554,17 +557,22 @@ impl Snapshotter {
         let Some(remote) = &self.remote else {
             return Ok(());
         };
+        let mut held = remote.held();
         for (key, record) in self.store.all()? {
             let Some(r) = record.remote.filter(|r| r.mounted) else {
                 continue;
             };
             let fs = self.fs(record.id);
-            match remote.mount(&r.image, &fs).await {
-                Ok(()) => tracing::info!(snapshot = %key, image = %r.image, "mounted again"),
+            let connection = held.remove(&fs);
+            match remote.restore(&r.image, &fs, connection).await {
+                Ok(()) => tracing::info!(snapshot = %key, image = %r.image, "serving again"),
                 Err(e) => {
                     tracing::error!(snapshot = %key, image = %r.image, error = %e, "could not mount a Tessera image snapshot again; containers from it will not start until it is")
                 }
             }
+        }
+        for stray in held.keys() {
+            remote.release(stray);
         }
         Ok(())
     }

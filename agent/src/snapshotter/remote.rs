@@ -7,10 +7,12 @@
 //! without those labels, is an ordinary layer that containerd unpacks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::daemon::Agent;
+use crate::daemon::{Agent, Attach};
+use crate::fs::handover::{fuse_mounted_at, Keeper};
 use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
 use crate::registry::reference::{Platform, Reference};
 use crate::Result;
@@ -44,14 +46,18 @@ type LayerRoles = HashMap<String, bool>;
 #[derive(Debug)]
 pub struct Remote {
     agent: Arc<Agent>,
+    /// Holds the mounts' FUSE connections while the agent restarts (absent: mounts
+    /// do not outlive the agent).
+    keeper: Option<Keeper>,
     /// Per manifest digest; only answers are kept (a failed fetch is tried again).
     manifests: Mutex<HashMap<String, Arc<LayerRoles>>>,
 }
 
 impl Remote {
-    pub fn new(agent: Arc<Agent>) -> Remote {
+    pub fn new(agent: Arc<Agent>, keeper: Option<Keeper>) -> Remote {
         Remote {
             agent,
+            keeper,
             manifests: Mutex::new(HashMap::new()),
         }
     }
@@ -132,16 +138,86 @@ impl Remote {
             .cloned()
     }
 
-    /// Mounts `image` (by digest) lazily at `dir`, through the agent.
+    /// Mounts `image` (by digest) lazily at `dir`, through the agent, and gives the
+    /// keeper its connection.
     pub async fn mount(&self, image: &str, dir: &Path) -> Result<()> {
-        self.agent.mount(image, dir, None, None, None).await?;
+        let (status, connection) = self
+            .agent
+            .mount_with(image, dir, None, None, None, Attach::MountHandingOver)
+            .await?;
+        if let (Some(keeper), Some(connection)) = (&self.keeper, connection) {
+            match keeper.hold(&status.mountpoint, connection.as_fd()) {
+                Ok(()) => self.agent.set_kept(&status.mountpoint),
+                Err(e) => {
+                    tracing::warn!(mountpoint = %status.mountpoint.display(), error = %e, "the FUSE keeper did not take the mount: it will not outlive this agent")
+                }
+            }
+        }
         Ok(())
     }
 
     /// Unmounts what [`mount`](Self::mount) mounted at `dir`; failures are logged.
     pub async fn unmount(&self, dir: &Path) {
+        if let Some(keeper) = &self.keeper {
+            if let Err(e) = keeper.release(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "the FUSE keeper did not let go of a mount");
+            }
+        }
         if let Err(e) = self.agent.umount(dir).await {
             tracing::warn!(dir = %dir.display(), error = %e, "could not unmount a Tessera image snapshot");
+        }
+    }
+
+    /// The connections the keeper holds, by mount point (none without a keeper).
+    pub fn held(&self) -> HashMap<PathBuf, OwnedFd> {
+        match &self.keeper {
+            None => HashMap::new(),
+            Some(k) => k.held().unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not get the mounts the FUSE keeper holds; mounting anew");
+                HashMap::new()
+            }),
+        }
+    }
+
+    /// After a restart: serves `image` at `dir` (canonical) again, taking over the
+    /// mount the previous agent left if the keeper held it (containers using it never
+    /// noticed), else mounting it anew.
+    pub async fn restore(&self, image: &str, dir: &Path, held: Option<OwnedFd>) -> Result<()> {
+        let alive = fuse_mounted_at(dir);
+        if let (Some(connection), true) = (held, alive) {
+            let attach = Attach::TakeOver(connection);
+            match self
+                .agent
+                .mount_with(image, dir, None, None, None, attach)
+                .await
+            {
+                Ok(_) => {
+                    self.agent.set_kept(dir);
+                    tracing::info!(mountpoint = %dir.display(), image, "took over the mount the previous agent left");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::error!(mountpoint = %dir.display(), error = %e, "could not take over a mount; mounting anew (its containers lose it)")
+                }
+            }
+        }
+        if fuse_mounted_at(dir) {
+            // A mount nobody serves: out of the way (its users see errors already).
+            if let Some(keeper) = &self.keeper {
+                let _ = keeper.release(dir);
+            }
+            let _ = std::process::Command::new("fusermount3")
+                .args(["-u", "-z", "--"])
+                .arg(dir)
+                .status();
+        }
+        self.mount(image, dir).await
+    }
+
+    /// Tells the keeper to let go of a connection nothing uses any more.
+    pub fn release(&self, dir: &Path) {
+        if let Some(keeper) = &self.keeper {
+            let _ = keeper.release(dir);
         }
     }
 }
