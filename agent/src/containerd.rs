@@ -202,6 +202,120 @@ pub fn config_path_set(containerd_config: &Path, certs_dir: &Path) -> Option<boo
     Some(find(&value, &dir))
 }
 
+/// The name containerd knows the snapshotter by (`--snapshotter tessera`).
+pub const SNAPSHOTTER: &str = "tessera";
+
+/// containerd's CRI plugin, whose settings choose the snapshotter for Kubernetes.
+const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+
+/// `text` (containerd's `config.toml`, version 2) with the Tessera snapshotter: the
+/// proxy plugin `tessera` at `socket`, and the CRI plugin using it with snapshot
+/// annotations on (the snapshotter needs the image and layer of each snapshot).
+/// Everything else, comments included, is kept.
+pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
+    use toml_edit::{value, DocumentMut, Item, Table};
+    let bad = |reason: String| Error::Config {
+        path: PathBuf::from("containerd config.toml"),
+        reason,
+    };
+    let mut doc: DocumentMut = text
+        .parse()
+        .map_err(|e| bad(format!("not valid TOML: {e}")))?;
+    match doc.get("version").and_then(Item::as_integer) {
+        Some(2) => {}
+        None if doc.iter().next().is_none() => doc["version"] = value(2),
+        v => {
+            return Err(bad(format!(
+                "version {} is not supported: containerd 1.6's version 2 is (see `containerd config default`)",
+                v.map_or("1 (no version key)".to_string(), |v| v.to_string())
+            )))
+        }
+    }
+    // Parents as implicit tables: no empty `[plugins]` headers appear.
+    fn table<'a>(parent: &'a mut Table, key: &str) -> Result<&'a mut Table> {
+        if !parent.contains_key(key) {
+            let mut t = Table::new();
+            t.set_implicit(true);
+            parent.insert(key, Item::Table(t));
+        }
+        parent[key].as_table_mut().ok_or_else(|| Error::Config {
+            path: PathBuf::from("containerd config.toml"),
+            reason: format!("`{key}` is not a table"),
+        })
+    }
+    let root = doc.as_table_mut();
+    let proxy = table(table(root, "proxy_plugins")?, SNAPSHOTTER)?;
+    proxy.set_implicit(false);
+    proxy["type"] = value("snapshot");
+    proxy["address"] = value(socket.to_string_lossy().as_ref());
+    let cri = table(table(table(root, "plugins")?, CRI_PLUGIN)?, "containerd")?;
+    cri.set_implicit(false);
+    cri["snapshotter"] = value(SNAPSHOTTER);
+    cri["disable_snapshot_annotations"] = value(false);
+    Ok(doc.to_string())
+}
+
+/// Configures containerd (its `config.toml` at `path`) for the snapshotter at
+/// `socket`; the first original is kept as `config.toml.tessera-backup`. containerd
+/// reads it at start: restart it once.
+pub fn apply_snapshotter(path: &Path, socket: &Path) -> Result<FileChange> {
+    let (existing, text) = match std::fs::read_to_string(path) {
+        Ok(t) => (Some(t.clone()), with_snapshotter(&t, socket)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            None,
+            format!(
+                "{MARKER}; `tessera containerd-config --undo` removes it.\n{}",
+                with_snapshotter("", socket)?
+            ),
+        ),
+        Err(e) => return Err(Error::io("read", path, e)),
+    };
+    let change = match &existing {
+        Some(e) if *e == text => Change::Unchanged,
+        Some(_) if is_ours(path) => Change::Written,
+        Some(_) => {
+            let backup = backup_of(path);
+            if !backup.exists() {
+                std::fs::copy(path, &backup).map_err(|e| Error::io("back up", path, e))?;
+            }
+            Change::BackedUpAndWritten
+        }
+        None => Change::Written,
+    };
+    if change != Change::Unchanged {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
+        }
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, &text).map_err(|e| Error::io("write", &tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io("write", path, e))?;
+    }
+    Ok(FileChange {
+        registry: "snapshotter".into(),
+        path: path.to_path_buf(),
+        change,
+    })
+}
+
+/// Undoes [`apply_snapshotter`]: the backup back, or the file removed if it wrote it.
+pub fn undo_snapshotter(path: &Path) -> Result<FileChange> {
+    let backup = backup_of(path);
+    let change = if backup.exists() {
+        std::fs::rename(&backup, path).map_err(|e| Error::io("restore", &backup, e))?;
+        Change::Restored
+    } else if is_ours(path) {
+        std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
+        Change::Removed
+    } else {
+        Change::Untouched
+    };
+    Ok(FileChange {
+        registry: "snapshotter".into(),
+        path: path.to_path_buf(),
+        change,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,6 +383,64 @@ mod tests {
             .unwrap()
             .iter()
             .all(|f| f.change == Change::Untouched));
+    }
+
+    #[test]
+    fn snapshotter_config_keeps_the_rest_and_undoes() {
+        let t = tempfile::tempdir().unwrap();
+        let conf = t.path().join("config.toml");
+        let original = "# the node's config\nversion = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"pause:3.6\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = \"runc\"\n";
+        std::fs::write(&conf, original).unwrap();
+        let socket = Path::new("/run/tessera/snapshotter.sock");
+        assert_eq!(
+            apply_snapshotter(&conf, socket).unwrap().change,
+            Change::BackedUpAndWritten
+        );
+        let text = std::fs::read_to_string(&conf).unwrap();
+        assert!(text.starts_with("# the node's config"), "{text}");
+        let v: toml::Value = toml::from_str(&text).unwrap();
+        let cri = &v["plugins"]["io.containerd.grpc.v1.cri"];
+        assert_eq!(cri["sandbox_image"].as_str(), Some("pause:3.6"));
+        assert_eq!(cri["containerd"]["snapshotter"].as_str(), Some("tessera"));
+        assert_eq!(
+            cri["containerd"]["default_runtime_name"].as_str(),
+            Some("runc")
+        );
+        assert_eq!(
+            cri["containerd"]["disable_snapshot_annotations"].as_bool(),
+            Some(false)
+        );
+        assert_eq!(
+            v["proxy_plugins"]["tessera"]["type"].as_str(),
+            Some("snapshot")
+        );
+        assert_eq!(
+            v["proxy_plugins"]["tessera"]["address"].as_str(),
+            Some("/run/tessera/snapshotter.sock")
+        );
+        assert_eq!(
+            apply_snapshotter(&conf, socket).unwrap().change,
+            Change::Unchanged
+        );
+        assert_eq!(undo_snapshotter(&conf).unwrap().change, Change::Restored);
+        assert_eq!(std::fs::read_to_string(&conf).unwrap(), original);
+
+        // No config yet: one is written, and undo removes it.
+        let fresh = t.path().join("new/config.toml");
+        assert_eq!(
+            apply_snapshotter(&fresh, socket).unwrap().change,
+            Change::Written
+        );
+        let v: toml::Value = toml::from_str(&std::fs::read_to_string(&fresh).unwrap()).unwrap();
+        assert_eq!(v["version"].as_integer(), Some(2));
+        assert_eq!(undo_snapshotter(&fresh).unwrap().change, Change::Removed);
+        assert!(!fresh.exists());
+
+        // Version 1 configs are refused by name.
+        let old = t.path().join("v1.toml");
+        std::fs::write(&old, "[plugins.cri]\n").unwrap();
+        let err = apply_snapshotter(&old, socket).unwrap_err().to_string();
+        assert!(err.contains("version 1"), "{err}");
     }
 
     #[test]

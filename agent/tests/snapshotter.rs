@@ -19,7 +19,7 @@ use support::containerd::Containerd;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
 use support::registry::Registry;
-use support::{s, tessera};
+use support::{s, tessera, tessera_ok};
 use tessera_proto::cri::image_service_client::ImageServiceClient;
 use tessera_proto::cri::{ImageSpec, PullImageRequest};
 
@@ -118,7 +118,17 @@ fn node() -> Node {
         ),
     )
     .unwrap();
-    let containerd = Containerd::start_cri(&t.path().join("containerd"), &snap_socket, &hosts);
+    // containerd's config made to use the snapshotter as a user would.
+    let socket = snap_socket.clone();
+    let containerd = Containerd::start_cri(&t.path().join("containerd"), &hosts, move |config| {
+        tessera_ok(&[
+            "containerd-config",
+            "--snapshotter-socket",
+            s(&socket),
+            "--containerd-config",
+            s(config),
+        ]);
+    });
 
     let manifest = std::process::Command::new("curl")
         .args([

@@ -24,7 +24,13 @@ pub struct ContainerdConfigArgs {
     /// containerd's hosts directory.
     #[arg(long, default_value = "/etc/containerd/certs.d", value_name = "DIR")]
     certs_dir: PathBuf,
-    /// containerd's config file (only read: to say whether `config_path` is set).
+    /// Also configure containerd to use the agent's snapshotter at this socket (the
+    /// agent's `--snapshotter-socket`): edits containerd's config file (backed up
+    /// first); restart containerd once after.
+    #[arg(long, value_name = "PATH")]
+    snapshotter_socket: Option<PathBuf>,
+    /// containerd's config file (read to say whether `config_path` is set; written
+    /// only with `--snapshotter-socket`).
     #[arg(
         long,
         default_value = "/etc/containerd/config.toml",
@@ -47,6 +53,8 @@ struct Summary {
     files: Vec<FileChange>,
     /// Whether containerd's config names the hosts directory (`None`: unreadable).
     config_path_set: Option<bool>,
+    /// Hosts files were configured (else only the snapshotter).
+    hosts: bool,
     certs_dir: PathBuf,
     containerd_config: PathBuf,
 }
@@ -54,6 +62,19 @@ struct Summary {
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for file in &self.files {
+            if file.registry == "snapshotter" {
+                let what = match file.change {
+                    Change::Unchanged => "already uses the Tessera snapshotter",
+                    Change::Written => "now uses the Tessera snapshotter: restart containerd once",
+                    Change::BackedUpAndWritten => {
+                        "now uses the Tessera snapshotter (the previous file kept as config.toml.tessera-backup): restart containerd once"
+                    }
+                    Change::Restored | Change::Removed => "restored: restart containerd once",
+                    Change::Untouched => "not configured by this command, left alone",
+                };
+                writeln!(f, "{} {what}", file.path.display())?;
+                continue;
+            }
             let what = match file.change {
                 Change::Written => "written",
                 Change::Unchanged => "unchanged",
@@ -65,6 +86,9 @@ impl std::fmt::Display for Summary {
                 Change::Untouched => "not ours, left alone",
             };
             writeln!(f, "{:<24} {} {what}", file.registry, file.path.display())?;
+        }
+        if !self.hosts {
+            return Ok(());
         }
         match self.config_path_set {
             Some(true) => writeln!(
@@ -96,12 +120,23 @@ pub fn containerd_config(args: ContainerdConfigArgs) -> Result<()> {
         all: args.all,
         insecure: args.insecure,
     };
-    let files = if args.undo {
-        containerd::undo(&config)?
-    } else {
-        containerd::apply(&config)?
+    // Hosts files when any registry is named (and, without a snapshotter, to say
+    // that one must be).
+    let hosts = !config.registries.is_empty() || config.all || args.snapshotter_socket.is_none();
+    let mut files = match (hosts, args.undo) {
+        (false, _) => Vec::new(),
+        (true, true) => containerd::undo(&config)?,
+        (true, false) => containerd::apply(&config)?,
     };
+    if let Some(socket) = &args.snapshotter_socket {
+        files.push(if args.undo {
+            containerd::undo_snapshotter(&args.containerd_config)?
+        } else {
+            containerd::apply_snapshotter(&args.containerd_config, socket)?
+        });
+    }
     let summary = Summary {
+        hosts,
         files,
         config_path_set: containerd::config_path_set(&args.containerd_config, &args.certs_dir),
         certs_dir: args.certs_dir,

@@ -202,13 +202,18 @@ impl Containerd {
     }
 
     /// containerd as a Kubernetes node runs it: the CRI plugin (its image service on
-    /// the daemon's socket, as the kubelet uses it), runc, and the Tessera agent's
-    /// snapshotter at `proxy_socket` as the CRI plugin's snapshotter, with snapshot
-    /// annotations on. Registries are reached as `hosts_dir/<host:port>/hosts.toml` say.
-    pub fn start_cri(dir: &Path, proxy_socket: &Path, hosts_dir: &Path) -> Containerd {
+    /// the daemon's socket, as the kubelet uses it) and runc. `configure` gets the
+    /// config file before the daemon starts: it must make the Tessera snapshotter the
+    /// CRI plugin's (as `tessera containerd-config --snapshotter-socket` does).
+    /// Registries are reached as `hosts_dir/<host:port>/hosts.toml` say.
+    pub fn start_cri(
+        dir: &Path,
+        hosts_dir: &Path,
+        configure: impl FnOnce(&Path) + 'static,
+    ) -> Containerd {
         let cri = Cri {
-            proxy_socket: proxy_socket.to_path_buf(),
             hosts_dir: hosts_dir.to_path_buf(),
+            configure: std::cell::RefCell::new(Some(Box::new(configure))),
         };
         Containerd::launch_with(dir, None, Some(Snapshotter::Tessera), Some(&cri))
     }
@@ -246,6 +251,9 @@ impl Containerd {
             None => config_toml(dir, &socket, snapshotter),
         };
         std::fs::write(&config, text).expect("write containerd config");
+        if let Some(configure) = cri.and_then(|c| c.configure.borrow_mut().take()) {
+            configure(&config);
+        }
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
         let mut containerd = Containerd {
             child: None,
@@ -578,12 +586,12 @@ disabled_plugins = [
 
 /// What [`Containerd::start_cri`] configures.
 struct Cri {
-    proxy_socket: PathBuf,
     hosts_dir: PathBuf,
+    configure: std::cell::RefCell<Option<Box<dyn FnOnce(&Path)>>>,
 }
 
-/// A node's configuration: the CRI plugin with the Tessera snapshotter, runc, and no
-/// CNI (containers run by `ctr run` need none; pods are not made).
+/// A node's configuration: the CRI plugin, runc, and no CNI (containers run by `ctr
+/// run` need none; pods are not made). The snapshotter is left to `configure`.
 fn cri_config_toml(dir: &Path, socket: &Path, cri: &Cri) -> String {
     let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
     format!(
@@ -610,18 +618,12 @@ disabled_plugins = [
 [debug]
   level = "info"
 
-[proxy_plugins.tessera]
-  type = "snapshot"
-  address = "{proxy}"
-
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "tessera"
-    disable_snapshot_annotations = false
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -635,7 +637,6 @@ disabled_plugins = [
         state = path(&dir.join("state")),
         temp = path(&dir.join("tmp")),
         socket = path(socket),
-        proxy = path(&cri.proxy_socket),
         cni = path(&dir.join("cni")),
         hosts = path(&cri.hosts_dir),
     )
