@@ -213,9 +213,9 @@ impl Containerd {
     ) -> Containerd {
         let cri = Cri {
             hosts_dir: hosts_dir.to_path_buf(),
-            configure: std::cell::RefCell::new(Some(Box::new(configure))),
+            configure: Box::new(configure),
         };
-        Containerd::launch_with(dir, None, Some(Snapshotter::Tessera), Some(&cri))
+        Containerd::launch_with(dir, None, Some(Snapshotter::Tessera), Some(cri))
     }
 
     fn launch(dir: &Path, host: Option<&NetHost>, snapshotter: Option<Snapshotter>) -> Containerd {
@@ -226,7 +226,7 @@ impl Containerd {
         dir: &Path,
         host: Option<&NetHost>,
         snapshotter: Option<Snapshotter>,
-        cri: Option<&Cri>,
+        cri: Option<Cri>,
     ) -> Containerd {
         for tool in ["containerd", "ctr"] {
             assert!(
@@ -246,13 +246,13 @@ impl Containerd {
         );
         let snapshotter = snapshotter.unwrap_or_else(|| Snapshotter::detect(dir));
         let config = dir.join("config.toml");
-        let text = match cri {
+        let text = match &cri {
             Some(cri) => cri_config_toml(dir, &socket, cri),
             None => config_toml(dir, &socket, snapshotter),
         };
         std::fs::write(&config, text).expect("write containerd config");
-        if let Some(configure) = cri.and_then(|c| c.configure.borrow_mut().take()) {
-            configure(&config);
+        if let Some(cri) = cri {
+            (cri.configure)(&config);
         }
         let log = std::fs::File::create(dir.join("containerd.log")).expect("containerd log");
         let mut containerd = Containerd {
@@ -587,7 +587,7 @@ disabled_plugins = [
 /// What [`Containerd::start_cri`] configures.
 struct Cri {
     hosts_dir: PathBuf,
-    configure: std::cell::RefCell<Option<Box<dyn FnOnce(&Path)>>>,
+    configure: Box<dyn FnOnce(&Path)>,
 }
 
 /// A node's configuration: the CRI plugin, runc, and no CNI (containers run by `ctr
