@@ -455,12 +455,16 @@ pub fn status(args: StatusArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 pub struct FuseKeeperArgs {
-    /// The unix socket agents reach it on.
+    /// The unix socket agents reach it on (the agent's is
+    /// `<snapshotter root>/fuse-keeper.sock`).
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
+    /// Never exit, even holding nothing (run as a container of its own).
+    #[arg(long)]
+    stay: bool,
 }
 
 pub fn fuse_keeper(args: FuseKeeperArgs) -> Result<()> {
-    tessera_agent::fs::handover::run_keeper(&args.socket)
+    tessera_agent::fs::handover::run_keeper(&args.socket, args.stay)
         .with_context(|| format!("FUSE keeper on {}", args.socket.display()))
 }

@@ -94,8 +94,10 @@ fn receive(socket: BorrowedFd<'_>) -> io::Result<Option<(String, Option<OwnedFd>
 }
 
 /// `tessera fuse-keeper`: holds descriptors for agents on `socket` until their mounts
-/// are gone (see the module documentation).
-pub fn run_keeper(socket: &Path) -> io::Result<()> {
+/// are gone (see the module documentation). With `stay` it never exits (a container
+/// of its own beside the agent's, in Kubernetes: the agent's container restarting
+/// takes every process in it along).
+pub fn run_keeper(socket: &Path, stay: bool) -> io::Result<()> {
     let listener = seqpacket()?;
     let _ = std::fs::remove_file(socket);
     rustix::net::bind(&listener, &SocketAddrUnix::new(socket)?)?;
@@ -119,7 +121,7 @@ pub fn run_keeper(socket: &Path) -> io::Result<()> {
             Err(e) => return Err(e.into()),
         }
         held.retain(|mountpoint, _| fuse_mounted_at(Path::new(mountpoint)));
-        if held.is_empty() && (served || started.elapsed() > FIRST_AGENT_WAIT) {
+        if !stay && held.is_empty() && (served || started.elapsed() > FIRST_AGENT_WAIT) {
             let _ = std::fs::remove_file(socket);
             return Ok(());
         }
