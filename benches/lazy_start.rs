@@ -6,7 +6,12 @@
 //! 3. `tessera mount` of the converted image, then the start-up reading through the
 //!    lazy mount, with an empty cache;
 //! 4. the same with the image converted with the start-up's prefetch list (recorded by
-//!    `tessera mount --record` in a first run), fetched in the background at mount.
+//!    `tessera mount --record` in a first run), fetched in the background at mount;
+//! 5. the Kubernetes path: the plain image pulled through containerd's CRI image
+//!    service (as the kubelet pulls it) with the default overlayfs snapshotter, then
+//!    the start-up in a container (`ctr run`, runc);
+//! 6. and 7. the same with the converted image (without, then with, the prefetch list)
+//!    and the Tessera agent as containerd's snapshotter: nothing is downloaded at pull.
 //!
 //! The start-up is the image's own `/app/start.py` run with `chroot` in an overlay
 //! whose lower layer is what each method produced (a directory, containerd's snapshot,
@@ -35,7 +40,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::agent::AgentProcess;
-use support::containerd::{Containerd, PullOptions};
+use support::containerd::{Containerd, PullOptions, Snapshotter};
+use support::cri::cri_pull;
 use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
 use support::registry::Registry;
@@ -232,6 +238,121 @@ fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
     }
 }
 
+/// The Kubernetes path: the image pulled through containerd's CRI image service (as
+/// the kubelet pulls), then the start-up as a container (`ctr run`, runc) from it;
+/// with the CRI plugin's default snapshotter (overlayfs: containerd downloads and
+/// unpacks every layer) or the Tessera agent's (the converted image is mounted).
+fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timing {
+    let kind = if tessera_snapshotter {
+        "tessera"
+    } else {
+        "overlayfs"
+    };
+    let name = format!("cri-{kind}-{rep}");
+    let dir = bed.work.path().join(&name);
+    let hosts = dir.join("certs.d");
+    let host_dir = hosts.join(&bed.registry.addr);
+    std::fs::create_dir_all(&host_dir).unwrap();
+    std::fs::write(
+        host_dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{0}\"\n\n[host.\"http://{0}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            bed.registry.addr
+        ),
+    )
+    .unwrap();
+    let socket = dir.join("agent/snap.sock");
+    let agent = tessera_snapshotter.then(|| {
+        let agent = AgentProcess::start_in(
+            &dir.join("agent"),
+            &bed.node,
+            &[
+                "--config",
+                s(&bed.config),
+                "--snapshotter-socket",
+                s(&socket),
+                "--snapshotter-root",
+                s(&dir.join("agent/snapshotter")),
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "no snapshotter:\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    });
+    let snapshotter = if tessera_snapshotter {
+        Snapshotter::Tessera
+    } else {
+        Snapshotter::Overlayfs
+    };
+    let proxy = socket.clone();
+    let containerd = Containerd::start_cri(
+        &dir.join("containerd"),
+        Some(&bed.node),
+        snapshotter,
+        &hosts,
+        move |config| {
+            if tessera_snapshotter {
+                run(tessera()
+                    .args(["containerd-config", "--snapshotter-socket", s(&proxy)])
+                    .args(["--containerd-config", s(config)]));
+            }
+        },
+    );
+    let reference = bed.reference(tag);
+    let before = bed.registry_host.tx_bytes();
+    let t = Instant::now();
+    cri_pull(&containerd, &reference)
+        .unwrap_or_else(|e| panic!("CRI pull: {e}\n{}", containerd.log()));
+    let fetch = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let out = containerd.ctr_k8s(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        snapshotter.name(),
+        "--env",
+        "HOME=/tmp",
+        "--env",
+        "MPLCONFIGDIR=/tmp/matplotlib",
+        "--env",
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        &reference,
+        &name,
+        "/usr/bin/python3",
+        "/app/start.py",
+    ]);
+    let start = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "the start-up in a container failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let origin = bed.registry_host.tx_bytes() - before;
+    let read_wait = agent.as_ref().and_then(|a| {
+        a.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix("tessera_agent_fuse_read_seconds_sum "))
+            .and_then(|v| v.trim().parse().ok())
+    });
+    drop(containerd);
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    Timing {
+        fetch,
+        start,
+        origin,
+        read_wait,
+    }
+}
+
 /// Seconds a link of `cap` (`200mbit`, `1gbit`, `800kbit`) needs for `bytes`: the
 /// least time any method can fetch them in.
 fn link_seconds(bytes: f64, cap: &str) -> f64 {
@@ -248,6 +369,10 @@ fn link_seconds(bytes: f64, cap: &str) -> f64 {
             .expect("TESSERA_BENCH_LAZY_CAP: a rate")
             * scale)
 }
+
+/// The Kubernetes baseline's name (benches/scenarios/lazy_start.py compares the
+/// snapshotter's rows with it).
+const CRI_OVERLAYFS: &str = "containerd CRI pull + container (overlayfs)";
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -306,7 +431,7 @@ fn main() {
     // Capped only now: setting up is not what is measured.
     bed.registry_host.cap_egress(&cap);
 
-    let methods: [(&str, &dyn Fn(usize) -> Timing); 4] = [
+    let methods: [(&str, &dyn Fn(usize) -> Timing); 7] = [
         ("skopeo copy + umoci unpack", &|rep| skopeo_umoci(&bed, rep)),
         ("ctr image pull", &|rep| ctr_pull(&bed, rep)),
         ("tessera mount (cold)", &|rep| {
@@ -315,6 +440,14 @@ fn main() {
         ("tessera mount + prefetch list", &|rep| {
             tessera_mount(&bed, "v1-prefetch", rep)
         }),
+        (CRI_OVERLAYFS, &|rep| cri_run(&bed, "v1", false, rep)),
+        ("tessera snapshotter: CRI pull + container", &|rep| {
+            cri_run(&bed, "v1-tessera", true, rep)
+        }),
+        (
+            "tessera snapshotter + prefetch list: CRI pull + container",
+            &|rep| cri_run(&bed, "v1-prefetch", true, rep),
+        ),
     ];
     let only = std::env::var("TESSERA_BENCH_LAZY_ONLY").unwrap_or_default();
     let methods: Vec<_> = methods

@@ -15,13 +15,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use support::agent::{is_mounted, AgentProcess};
-use support::containerd::Containerd;
+use support::containerd::{Containerd, Snapshotter};
+use support::cri::cri_pull;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
 use support::registry::Registry;
 use support::{s, tessera, tessera_ok};
-use tessera_proto::cri::image_service_client::ImageServiceClient;
-use tessera_proto::cri::{ImageSpec, PullImageRequest};
 
 /// What the test container prints: a line of a file from the image, then a line it
 /// wrote to its writable layer and read back (shell builtins only: the image's one
@@ -120,15 +119,21 @@ fn node() -> Node {
     .unwrap();
     // containerd's config made to use the snapshotter as a user would.
     let socket = snap_socket.clone();
-    let containerd = Containerd::start_cri(&t.path().join("containerd"), &hosts, move |config| {
-        tessera_ok(&[
-            "containerd-config",
-            "--snapshotter-socket",
-            s(&socket),
-            "--containerd-config",
-            s(config),
-        ]);
-    });
+    let containerd = Containerd::start_cri(
+        &t.path().join("containerd"),
+        None,
+        Snapshotter::Tessera,
+        &hosts,
+        move |config| {
+            tessera_ok(&[
+                "containerd-config",
+                "--snapshotter-socket",
+                s(&socket),
+                "--containerd-config",
+                s(config),
+            ]);
+        },
+    );
 
     let manifest = std::process::Command::new("curl")
         .args([
@@ -207,42 +212,6 @@ fn wait_for_containerd_to_reconnect(node: &Node) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// `runtime.v1.ImageService/PullImage` on containerd's socket, as the kubelet calls it;
-/// returns the image id containerd answers with.
-fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, String> {
-    let socket = containerd.socket.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        // The URI is a placeholder: the connector dials the unix socket.
-        let channel = tonic::transport::Endpoint::from_static("http://localhost")
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let socket = socket.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(socket).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                }
-            }))
-            .await
-            .expect("connect to containerd's socket");
-        let mut client = ImageServiceClient::new(channel);
-        let request = PullImageRequest {
-            image: Some(ImageSpec {
-                image: image.to_string(),
-                ..ImageSpec::default()
-            }),
-            ..PullImageRequest::default()
-        };
-        let answer = tokio::time::timeout(Duration::from_secs(120), client.pull_image(request))
-            .await
-            .map_err(|_| "CRI pull took over 120 s".to_string())?
-            .map_err(|status| format!("{}: {}", status.code(), status.message()))?;
-        Ok(answer.into_inner().image_ref)
-    })
 }
 
 /// Runs the test script in a new container `name` from `image` with the Tessera

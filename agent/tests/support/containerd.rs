@@ -176,6 +176,8 @@ pub struct Containerd {
     /// The gRPC socket.
     pub socket: PathBuf,
     pub snapshotter: Snapshotter,
+    /// Started with the CRI plugin and runc ([`Containerd::start_cri`]).
+    cri: bool,
     /// The cluster host whose network namespace the daemon and every `ctr` run in.
     host: Option<NetHost>,
     /// Targets of [`Containerd::rootfs`] still mounted, to undo on drop.
@@ -202,12 +204,16 @@ impl Containerd {
     }
 
     /// containerd as a Kubernetes node runs it: the CRI plugin (its image service on
-    /// the daemon's socket, as the kubelet uses it) and runc. `configure` gets the
-    /// config file before the daemon starts: it must make the Tessera snapshotter the
-    /// CRI plugin's (as `tessera containerd-config --snapshotter-socket` does).
-    /// Registries are reached as `hosts_dir/<host:port>/hosts.toml` say.
+    /// the daemon's socket, as the kubelet uses it) and runc, in `host`'s network
+    /// namespace if given. `configure` gets the config file before the daemon starts:
+    /// to make the Tessera snapshotter the CRI plugin's, as `tessera containerd-config
+    /// --snapshotter-socket` does, with `snapshotter` [`Snapshotter::Tessera`] (what
+    /// `ctr` calls use); else the CRI plugin uses overlayfs. Registries are reached as
+    /// `hosts_dir/<host:port>/hosts.toml` say.
     pub fn start_cri(
         dir: &Path,
+        host: Option<&NetHost>,
+        snapshotter: Snapshotter,
         hosts_dir: &Path,
         configure: impl FnOnce(&Path) + 'static,
     ) -> Containerd {
@@ -215,7 +221,7 @@ impl Containerd {
             hosts_dir: hosts_dir.to_path_buf(),
             configure: Box::new(configure),
         };
-        Containerd::launch_with(dir, None, Some(Snapshotter::Tessera), Some(cri))
+        Containerd::launch_with(dir, host, Some(snapshotter), Some(cri))
     }
 
     fn launch(dir: &Path, host: Option<&NetHost>, snapshotter: Option<Snapshotter>) -> Containerd {
@@ -246,6 +252,7 @@ impl Containerd {
         );
         let snapshotter = snapshotter.unwrap_or_else(|| Snapshotter::detect(dir));
         let config = dir.join("config.toml");
+        let is_cri = cri.is_some();
         let text = match &cri {
             Some(cri) => cri_config_toml(dir, &socket, cri),
             None => config_toml(dir, &socket, snapshotter),
@@ -260,6 +267,7 @@ impl Containerd {
             dir: dir.to_path_buf(),
             socket,
             snapshotter,
+            cri: is_cri,
             host: host.cloned(),
             mounts: Mutex::new(Vec::new()),
         };
@@ -469,7 +477,7 @@ impl Drop for Containerd {
                 umount_lazy(target);
             }
         }
-        if self.snapshotter == Snapshotter::Tessera {
+        if self.cri {
             // Containers still running (a failed test): killed and deleted through the
             // daemon while it runs.
             let tasks = self.ctr_k8s(&["task", "ls", "-q"]);
@@ -485,7 +493,7 @@ impl Drop for Containerd {
         }
         // Containers' shims (and their containers) outlive the daemon: each names the
         // daemon's socket on its command line.
-        if self.snapshotter == Snapshotter::Tessera {
+        if self.cri {
             let _ = Command::new("pkill")
                 .arg("-9")
                 .arg("-f")

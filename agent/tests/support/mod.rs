@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod cri;
 pub mod fault_proxy;
 pub mod fstree;
 pub mod http;
