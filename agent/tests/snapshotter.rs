@@ -308,6 +308,22 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
         "the pull fetched {pulled} blob bytes; the config and bootstrap are a few KiB:\n{:#?}",
         node.proxy.log()
     );
+    let metrics = node.agent.metrics();
+    for (line, why) in [
+        (
+            r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#,
+            "the bootstrap layer was mounted",
+        ),
+        (
+            &format!(
+                r#"tessera_agent_snapshotter_lazy_layers_total{{kind="blob"}} {}"#,
+                node.blob_layers.len()
+            ),
+            "every blob layer was skipped",
+        ),
+    ] {
+        assert!(metrics.contains(line), "{why}: no {line} in\n{metrics}");
+    }
     // The image is one lazy mount in the snapshotter's root.
     let status = node.agent.status();
     let mounts = status["mounts"].as_array().unwrap();
@@ -370,6 +386,12 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
         node.agent.log()
     );
     assert!(is_mounted(&mountpoint));
+    let restored = r#"tessera_agent_snapshotter_restored_mounts_total{kind="taken_over"} 1"#;
+    assert!(
+        node.agent.metrics().contains(restored),
+        "{}",
+        node.agent.metrics()
+    );
     let after =
         r#"read l < /data/later; echo "$l"; echo more >> /data/new; read n < /data/new; echo "$n""#;
     assert_eq!(

@@ -300,12 +300,39 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                 }
             });
         }
+        // The snapshotter serves containerd only once what was mounted before a restart
+        // is served again (a container prepared meanwhile would see an empty layer).
+        let snapshotter = match &config.snapshotter.socket {
+            None => None,
+            Some(_) => {
+                let root = &config.snapshotter.root;
+                std::fs::create_dir_all(root)
+                    .with_context(|| format!("create {}", root.display()))?;
+                let keeper = std::env::current_exe()
+                    .and_then(|exe| {
+                        Keeper::connect_or_start(
+                            &root.join("fuse-keeper.sock"),
+                            &exe,
+                            &root.join("fuse-keeper.log"),
+                        )
+                    })
+                    .map_err(|e| tracing::warn!(error = %e, "no FUSE keeper: the snapshotter's mounts will not outlive this agent"))
+                    .ok();
+                let remote = snapshotter::remote::Remote::new(agent.clone(), keeper);
+                let snapshotter = Snapshotter::open(root, Some(remote))?;
+                snapshotter.restore().await?;
+                Some(snapshotter)
+            }
+        };
         if let Some(addr) = &config.metrics_listen {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("listen on {addr}"))?;
             let mut registry = prometheus_client::registry::Registry::default();
             agent.register_metrics(&mut registry);
+            if let Some(s) = &snapshotter {
+                s.metrics.register(&mut registry);
+            }
             servers.spawn(tessera_agent::daemon::serve_metrics(
                 listener,
                 Arc::new(registry),
@@ -318,23 +345,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             tracing::info!(listen = %addr, "registry mirror ready");
             servers.spawn(mirror.clone().serve(listener));
         }
-        if let Some(socket) = &config.snapshotter.socket {
-            let root = &config.snapshotter.root;
-            std::fs::create_dir_all(root)
-                .with_context(|| format!("create {}", root.display()))?;
-            let keeper = std::env::current_exe()
-                .and_then(|exe| {
-                    Keeper::connect_or_start(
-                        &root.join("fuse-keeper.sock"),
-                        &exe,
-                        &root.join("fuse-keeper.log"),
-                    )
-                })
-                .map_err(|e| tracing::warn!(error = %e, "no FUSE keeper: the snapshotter's mounts will not outlive this agent"))
-                .ok();
-            let remote = snapshotter::remote::Remote::new(agent.clone(), keeper);
-            let snapshotter = Snapshotter::open(&config.snapshotter.root, Some(remote))?;
-            snapshotter.restore().await?;
+        if let (Some(socket), Some(snapshotter)) = (&config.snapshotter.socket, snapshotter) {
             let listener = snapshotter::listen(socket)?;
             servers.spawn(async move {
                 if let Err(e) = snapshotter::serve(snapshotter, listener).await {

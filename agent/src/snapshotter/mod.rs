@@ -26,6 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 pub use service::{listen, serve};
@@ -111,6 +115,68 @@ impl Info {
     }
 }
 
+/// Prometheus metrics of the snapshotter.
+#[derive(Debug, Default)]
+pub struct SnapshotterMetrics {
+    /// Calls from containerd, by operation and outcome (`ok` or the error's code;
+    /// `already_exists` answers to `prepare` are mostly Tessera layers skipped).
+    requests: Family<RequestLabel, Counter>,
+    /// Tessera layers made without unpacking, by kind (`blob`, `bootstrap`).
+    lazy_layers: Family<KindLabel, Counter>,
+    /// Image mounts served again after a restart, by how (`taken_over`: the keeper
+    /// held the connection and containers kept it; `mounted_again`; `failed`).
+    restored: Family<KindLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabel {
+    op: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+impl SnapshotterMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tessera_agent_snapshotter_requests",
+            "containerd's calls to the snapshotter, by operation and outcome",
+            self.requests.clone(),
+        );
+        registry.register(
+            "tessera_agent_snapshotter_lazy_layers",
+            "Tessera image layers made without unpacking, by kind (blob, bootstrap)",
+            self.lazy_layers.clone(),
+        );
+        registry.register(
+            "tessera_agent_snapshotter_restored_mounts",
+            "Image mounts served again after an agent restart, by how",
+            self.restored.clone(),
+        );
+    }
+
+    /// Counts one call of `op` that ended with `result`.
+    pub fn count<T>(&self, op: &'static str, result: &Result<T>) {
+        let outcome = match result {
+            Ok(_) => "ok",
+            Err(Error::Snapshot { code, .. }) => match code {
+                Code::NotFound => "not_found",
+                Code::AlreadyExists => "already_exists",
+                Code::FailedPrecondition => "failed_precondition",
+                Code::InvalidArgument => "invalid_argument",
+                Code::Internal => "internal",
+            },
+            Err(_) => "error",
+        };
+        self.requests
+            .get_or_create(&RequestLabel { op, outcome })
+            .inc();
+    }
+}
+
 /// Bytes and inodes a snapshot uses of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
@@ -127,6 +193,7 @@ pub struct Snapshotter {
     remote: Option<remote::Remote>,
     /// Serialises changes to the metadata and the directories (reads go freely).
     changes: tokio::sync::Mutex<()>,
+    pub metrics: SnapshotterMetrics,
 }
 
 impl Snapshotter {
@@ -143,6 +210,7 @@ impl Snapshotter {
             store,
             remote,
             changes: tokio::sync::Mutex::new(()),
+            metrics: SnapshotterMetrics::default(),
         }))
     }
 
@@ -289,6 +357,11 @@ impl Snapshotter {
             mounted = layer.bootstrap,
             "Tessera layer: nothing to unpack"
         );
+        let kind = if layer.bootstrap { "bootstrap" } else { "blob" };
+        self.metrics
+            .lazy_layers
+            .get_or_create(&KindLabel { kind })
+            .inc();
         Err(exists("a Tessera layer, mounted lazily"))
     }
 
@@ -564,8 +637,20 @@ impl Snapshotter {
             };
             let fs = self.fs(record.id);
             let connection = held.remove(&fs);
-            match remote.restore(&r.image, &fs, connection).await {
-                Ok(()) => tracing::info!(snapshot = %key, image = %r.image, "serving again"),
+            let outcome = remote.restore(&r.image, &fs, connection).await;
+            let kind = match &outcome {
+                Ok(true) => "taken_over",
+                Ok(false) => "mounted_again",
+                Err(_) => "failed",
+            };
+            self.metrics
+                .restored
+                .get_or_create(&KindLabel { kind })
+                .inc();
+            match outcome {
+                Ok(_) => {
+                    tracing::info!(snapshot = %key, image = %r.image, how = kind, "serving again")
+                }
                 Err(e) => {
                     tracing::error!(snapshot = %key, image = %r.image, error = %e, "could not mount a Tessera image snapshot again; containers from it will not start until it is")
                 }

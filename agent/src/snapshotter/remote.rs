@@ -181,8 +181,8 @@ impl Remote {
 
     /// After a restart: serves `image` at `dir` (canonical) again, taking over the
     /// mount the previous agent left if the keeper held it (containers using it never
-    /// noticed), else mounting it anew.
-    pub async fn restore(&self, image: &str, dir: &Path, held: Option<OwnedFd>) -> Result<()> {
+    /// noticed; `true`), else mounting it anew (`false`).
+    pub async fn restore(&self, image: &str, dir: &Path, held: Option<OwnedFd>) -> Result<bool> {
         let alive = fuse_mounted_at(dir);
         if let (Some(connection), true) = (held, alive) {
             let attach = Attach::TakeOver(connection);
@@ -194,7 +194,7 @@ impl Remote {
                 Ok(_) => {
                     self.agent.set_kept(dir);
                     tracing::info!(mountpoint = %dir.display(), image, "took over the mount the previous agent left");
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(e) => {
                     tracing::error!(mountpoint = %dir.display(), error = %e, "could not take over a mount; mounting anew (its containers lose it)")
@@ -211,7 +211,7 @@ impl Remote {
                 .arg(dir)
                 .status();
         }
-        self.mount(image, dir).await
+        self.mount(image, dir).await.map(|()| false)
     }
 
     /// Tells the keeper to let go of a connection nothing uses any more.

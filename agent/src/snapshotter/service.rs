@@ -104,8 +104,9 @@ impl Snapshots for Service {
         let m = self
             .0
             .prepare(&r.key, &r.parent, labels(r.labels), false)
-            .await
-            .map_err(status)?;
+            .await;
+        self.0.metrics.count("prepare", &m);
+        let m = m.map_err(status)?;
         Ok(Response::new(pb::PrepareSnapshotResponse {
             mounts: mounts(m),
         }))
@@ -120,8 +121,9 @@ impl Snapshots for Service {
         let m = self
             .0
             .prepare(&r.key, &r.parent, labels(r.labels), true)
-            .await
-            .map_err(status)?;
+            .await;
+        self.0.metrics.count("view", &m);
+        let m = m.map_err(status)?;
         Ok(Response::new(pb::ViewSnapshotResponse {
             mounts: mounts(m),
         }))
@@ -131,7 +133,9 @@ impl Snapshots for Service {
         &self,
         request: Request<pb::MountsRequest>,
     ) -> Result<Response<pb::MountsResponse>, Status> {
-        let m = self.0.mounts(&request.get_ref().key).map_err(status)?;
+        let m = self.0.mounts(&request.get_ref().key);
+        self.0.metrics.count("mounts", &m);
+        let m = m.map_err(status)?;
         Ok(Response::new(pb::MountsResponse { mounts: mounts(m) }))
     }
 
@@ -141,10 +145,9 @@ impl Snapshots for Service {
         request: Request<pb::CommitSnapshotRequest>,
     ) -> Result<Response<()>, Status> {
         let r = request.into_inner();
-        self.0
-            .commit(&r.name, &r.key, labels(r.labels))
-            .await
-            .map_err(status)?;
+        let done = self.0.commit(&r.name, &r.key, labels(r.labels)).await;
+        self.0.metrics.count("commit", &done);
+        done.map_err(status)?;
         Ok(Response::new(()))
     }
 
@@ -153,10 +156,9 @@ impl Snapshots for Service {
         &self,
         request: Request<pb::RemoveSnapshotRequest>,
     ) -> Result<Response<()>, Status> {
-        self.0
-            .remove(&request.get_ref().key)
-            .await
-            .map_err(status)?;
+        let done = self.0.remove(&request.get_ref().key).await;
+        self.0.metrics.count("remove", &done);
+        done.map_err(status)?;
         Ok(Response::new(()))
     }
 
@@ -164,7 +166,9 @@ impl Snapshots for Service {
         &self,
         request: Request<pb::StatSnapshotRequest>,
     ) -> Result<Response<pb::StatSnapshotResponse>, Status> {
-        let i = self.0.stat(&request.get_ref().key).map_err(status)?;
+        let i = self.0.stat(&request.get_ref().key);
+        self.0.metrics.count("stat", &i);
+        let i = i.map_err(status)?;
         Ok(Response::new(pb::StatSnapshotResponse {
             info: Some(info(i)),
         }))
@@ -187,7 +191,9 @@ impl Snapshots for Service {
             labels: labels(given.labels),
         };
         let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
-        let updated = self.0.update(given, &paths).await.map_err(status)?;
+        let updated = self.0.update(given, &paths).await;
+        self.0.metrics.count("update", &updated);
+        let updated = updated.map_err(status)?;
         Ok(Response::new(pb::UpdateSnapshotResponse {
             info: Some(info(updated)),
         }))
@@ -199,7 +205,9 @@ impl Snapshots for Service {
         &self,
         request: Request<pb::ListSnapshotsRequest>,
     ) -> Result<Response<Self::ListStream>, Status> {
-        let all = self.0.list(&request.get_ref().filters).map_err(status)?;
+        let all = self.0.list(&request.get_ref().filters);
+        self.0.metrics.count("list", &all);
+        let all = all.map_err(status)?;
         // One message per hundred, as containerd's own service batches them.
         let batches: Vec<pb::ListSnapshotsResponse> = all
             .chunks(100)
@@ -216,7 +224,9 @@ impl Snapshots for Service {
         &self,
         request: Request<pb::UsageRequest>,
     ) -> Result<Response<pb::UsageResponse>, Status> {
-        let u = self.0.usage(&request.get_ref().key).await.map_err(status)?;
+        let u = self.0.usage(&request.get_ref().key).await;
+        self.0.metrics.count("usage", &u);
+        let u = u.map_err(status)?;
         Ok(Response::new(pb::UsageResponse {
             size: u.size,
             inodes: u.inodes,
@@ -225,7 +235,9 @@ impl Snapshots for Service {
 
     #[tracing::instrument(name = "snapshot_cleanup", skip_all)]
     async fn cleanup(&self, _: Request<pb::CleanupRequest>) -> Result<Response<()>, Status> {
-        self.0.cleanup().await.map_err(status)?;
+        let done = self.0.cleanup().await;
+        self.0.metrics.count("cleanup", &done);
+        done.map_err(status)?;
         Ok(Response::new(()))
     }
 }
