@@ -160,6 +160,12 @@ class Defaults(unittest.TestCase):
         self.assertNotIn("initContainers", spec)
         self.assertNotIn("containerd-certs", [v["name"] for v in spec["volumes"]])
 
+    def test_no_snapshotter_unless_asked(self):
+        spec = self.m.agent()["spec"]["template"]["spec"]
+        self.assertEqual([c["name"] for c in spec["containers"]], ["agent"])
+        self.assertNotIn("snapshotter-root", [v["name"] for v in spec["volumes"]])
+        self.assertNotIn("snapshotter", tomllib.loads(self.m.agent_config_text()))
+
     def test_one_replica_in_the_agent_config(self):
         config = tomllib.loads(self.m.agent_config_text())
         self.assertEqual(config["p2p"]["scheduler"],
@@ -460,14 +466,53 @@ class FullValues(unittest.TestCase):
         self.assertEqual(certs, {"path": "/etc/containerd/certs.d", "type": "DirectoryOrCreate"})
         self.assertEqual(mount(init, "containerd-certs")["mountPath"], certs["path"])
         self.assertEqual(flag(args, "--certs-dir"), certs["path"])
-        # containerd's config: its directory read-only, never created.
+        # containerd's config: its directory never created; writable here only because
+        # configureSnapshotter edits the file (read-only otherwise, see below).
         cfg = volume(self.agent, "containerd-config")["hostPath"]
         self.assertEqual(cfg, {"path": "/etc/containerd", "type": "Directory"})
         cfg_mount = mount(init, "containerd-config")
-        self.assertTrue(cfg_mount["readOnly"])
+        self.assertFalse(cfg_mount["readOnly"])
+        mirror_only = render([FULL_VALUES], sets=["containerd.configureSnapshotter=false"])
+        init_mirror_only = container(mirror_only.agent(), "containerd-config", init=True)
+        self.assertTrue(mount(init_mirror_only, "containerd-config")["readOnly"])
+        self.assertNotIn("--snapshotter-socket", init_mirror_only["args"])
         self.assertEqual(flag(args, "--containerd-config"), cfg_mount["mountPath"] + "/config.toml")
         self.assertEqual(init["securityContext"]["capabilities"]["drop"], ["ALL"])
         self.assertNotIn("privileged", init["securityContext"])
+
+    def test_snapshotter(self):
+        """The agent serves containerd's snapshots API on a socket in the node's socket
+        dir; its root is the node's path in the pod with Bidirectional propagation (the
+        images' FUSE mounts must reach containerd's overlays); a keeper container holds
+        the mounts' connections over agent restarts; the init container points
+        containerd's config at the same socket."""
+        snap = self.config["snapshotter"]
+        socket_dir = mount(self.agent_c, "socket-dir")["mountPath"]
+        self.assertEqual(snap["socket"], socket_dir + "/snapshotter.sock")
+        self.assertEqual(volume(self.agent, "socket-dir")["hostPath"]["path"], socket_dir)
+        root = snap["root"]
+        self.assertEqual(volume(self.agent, "snapshotter-root")["hostPath"],
+                         {"path": root, "type": "DirectoryOrCreate"})
+        m = mount(self.agent_c, "snapshotter-root")
+        self.assertEqual((m["mountPath"], m["mountPropagation"]), (root, "Bidirectional"))
+        keeper = container(self.agent, "fuse-keeper")
+        self.assertEqual(keeper["command"], ["/usr/local/bin/tessera"])
+        self.assertEqual(keeper["args"][0], "fuse-keeper")
+        # The socket the agent looks for: <root>/fuse-keeper.sock.
+        self.assertEqual(flag(keeper["args"], "--socket"), root + "/fuse-keeper.sock")
+        self.assertIn("--stay", keeper["args"])
+        km = mount(keeper, "snapshotter-root")
+        self.assertEqual((km["mountPath"], km["mountPropagation"]), (root, "HostToContainer"))
+        init = container(self.agent, "containerd-config", init=True)
+        self.assertEqual(flag(init["args"], "--snapshotter-socket"), snap["socket"])
+        # Only the snapshotter: no hosts files, no certs.d volume.
+        only = render([FULL_VALUES], sets=["containerd.configureMirror=false"])
+        init_only = container(only.agent(), "containerd-config", init=True)
+        self.assertNotIn("--registry", init_only["args"])
+        self.assertNotIn("containerd-certs", [v["name"] for v in only.agent()["spec"]["template"]["spec"]["volumes"]])
+        self.assertEqual(flag(init_only["args"], "--snapshotter-socket"), snap["socket"])
+        notes = render_notes([FULL_VALUES])
+        self.assertIn("restart containerd", notes)
 
     def test_service_monitors(self):
         sms = {s["metadata"]["name"]: s for s in self.m.of_kind("ServiceMonitor")}
@@ -518,6 +563,7 @@ class FullValues(unittest.TestCase):
     def test_agent_flags_exist(self):
         for sub, args in [("agent", container(self.agent, "agent")["args"][1:]),
                           ("containerd-config", container(self.agent, "containerd-config", init=True)["args"][1:]),
+                          ("fuse-keeper", container(self.agent, "fuse-keeper")["args"][1:]),
                           ("status", self.agent_c["readinessProbe"]["exec"]["command"][2:])]:
             help_text = subprocess.run([str(TESSERA), sub, "--help"], capture_output=True, text=True,
                                        check=True).stdout

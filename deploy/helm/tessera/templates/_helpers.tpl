@@ -236,6 +236,13 @@ max_wait_secs = {{ int64 $a.mirror.maxWaitSecs }}
 access_ttl_secs = {{ int64 $a.mirror.accessTtlSecs }}
 manifest_ttl_secs = {{ int64 $a.mirror.manifestTtlSecs }}
 
+{{- if $a.snapshotter.enabled }}
+
+[snapshotter]
+socket = {{ printf "%s/%s" $a.socketDir $a.snapshotter.socketName | toJson }}
+root = {{ $a.snapshotter.root | toJson }}
+{{- end }}
+
 [registry]
 insecure = {{ $a.insecureRegistries | toJson }}
 {{- if .Values.registryCredentials.enabled }}
