@@ -12,11 +12,18 @@
 
 type Result = std::result::Result<(), Box<dyn std::error::Error>>;
 
-fn compile(protos: &[&str], includes: &[&str], server: bool) -> Result {
+fn compile(protos: &[&str], includes: &[&str], server: bool, comments: bool) -> Result {
     for proto in protos {
         println!("cargo:rerun-if-changed={}", find(proto, includes));
     }
-    let descriptors = protox::compile(protos, includes)?;
+    let mut descriptors = protox::compile(protos, includes)?;
+    if !comments {
+        // Other projects' comments would become docs that rustdoc compiles as examples
+        // (containerd's indent prose); their meaning is in the vendored files.
+        for file in &mut descriptors.file {
+            file.source_code_info = None;
+        }
+    }
     tonic_build::configure()
         .build_client(true)
         .build_server(server)
@@ -34,16 +41,18 @@ fn find(proto: &str, includes: &[&str]) -> String {
 }
 
 fn main() -> Result {
-    compile(&["tessera/v1/tessera.proto"], &["proto"], true)?;
+    compile(&["tessera/v1/tessera.proto"], &["proto"], true, true)?;
     compile(
         &["github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto"],
         &["third_party"],
         true,
+        false,
     )?;
     if std::env::var_os("CARGO_FEATURE_CRI").is_some() {
         compile(
             &["k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"],
             &["third_party"],
+            false,
             false,
         )?;
     }
