@@ -40,7 +40,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::agent::AgentProcess;
-use support::containerd::{Containerd, PullOptions, Snapshotter};
+use support::containerd::{plain_http_hosts, Containerd, PullOptions, Snapshotter};
 use support::cri::cri_pull;
 use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
@@ -222,11 +222,7 @@ fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
     let fetch = t.elapsed().as_secs_f64();
     let start = start_up(&mnt, &bed.work.path().join(&name).join("run")).as_secs_f64();
     let origin = bed.registry_host.tx_bytes() - before;
-    let metrics = agent.metrics();
-    let read_wait = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("tessera_agent_fuse_read_seconds_sum "))
-        .and_then(|v| v.trim().parse().ok());
+    let read_wait = agent.fuse_read_seconds();
     agent.ok(&["umount", s(&mnt)]);
     drop(agent);
     let _ = std::fs::remove_dir_all(bed.work.path().join(&name));
@@ -251,16 +247,7 @@ fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timin
     let name = format!("cri-{kind}-{rep}");
     let dir = bed.work.path().join(&name);
     let hosts = dir.join("certs.d");
-    let host_dir = hosts.join(&bed.registry.addr);
-    std::fs::create_dir_all(&host_dir).unwrap();
-    std::fs::write(
-        host_dir.join("hosts.toml"),
-        format!(
-            "server = \"http://{0}\"\n\n[host.\"http://{0}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-            bed.registry.addr
-        ),
-    )
-    .unwrap();
+    plain_http_hosts(&hosts, &bed.registry.addr);
     let socket = dir.join("agent/snap.sock");
     let agent = tessera_snapshotter.then(|| {
         let agent = AgentProcess::start_in(
@@ -275,15 +262,7 @@ fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timin
                 s(&dir.join("agent/snapshotter")),
             ],
         );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "no snapshotter:\n{}",
-                agent.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        agent.wait_for_socket(&socket);
         agent
     });
     let snapshotter = if tessera_snapshotter {
@@ -336,12 +315,7 @@ fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timin
         String::from_utf8_lossy(&out.stderr)
     );
     let origin = bed.registry_host.tx_bytes() - before;
-    let read_wait = agent.as_ref().and_then(|a| {
-        a.metrics()
-            .lines()
-            .find_map(|l| l.strip_prefix("tessera_agent_fuse_read_seconds_sum "))
-            .and_then(|v| v.trim().parse().ok())
-    });
+    let read_wait = agent.as_ref().and_then(AgentProcess::fuse_read_seconds);
     drop(containerd);
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);

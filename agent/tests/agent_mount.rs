@@ -17,24 +17,7 @@ use support::fault_proxy::{Fault, FaultProxy, Rule};
 use support::fstree::{assert_trees_equal, CompareOptions};
 use support::oci::{self, build_files_image, pseudo_random};
 use support::registry::Registry;
-use support::{s, tessera};
-
-/// `tessera convert` isolated from this machine's credentials; returns its summary.
-fn convert(t: &Path, src: &str, dst: &str, args: &[&str]) -> serde_json::Value {
-    let out = tessera()
-        .args(["convert", "--json", src, dst])
-        .args(args)
-        .env("DOCKER_CONFIG", t)
-        .env("TESSERA_CONFIG", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use support::{convert, s, tessera};
 
 /// An OCI layout at `t/layout` with one layer of `count` files of `size` pseudo-random
 /// bytes (file `i` named `name(i)`, seeded `seed + i`); returns the files and the layout.

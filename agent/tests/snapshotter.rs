@@ -11,16 +11,16 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::agent::{is_mounted, AgentProcess};
-use support::containerd::{Containerd, Snapshotter};
+use support::containerd::{plain_http_hosts, Containerd, Snapshotter};
 use support::cri::cri_pull;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
 use support::registry::Registry;
-use support::{s, tessera, tessera_ok};
+use support::{convert, s, tessera_ok};
 
 /// What the test container prints: a line of a file from the image, then a line it
 /// wrote to its writable layer and read back (shell builtins only: the image's one
@@ -75,18 +75,11 @@ fn node() -> Node {
         serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
     );
     registry.push_layout(&layout, oci::TAG, "src/app");
-    let out = tessera()
-        .args(["convert", "--json"])
-        .arg(format!("{}/src/app:v1", registry.addr))
-        .arg(format!("{}/tessera/app:v1", registry.addr))
-        .env("DOCKER_CONFIG", t.path())
-        .env("TESSERA_CONFIG", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "convert: {}",
-        String::from_utf8_lossy(&out.stderr)
+    convert(
+        t.path(),
+        &format!("{}/src/app:v1", registry.addr),
+        &format!("{}/tessera/app:v1", registry.addr),
+        &[],
     );
 
     let agent_dir = t.path().join("agent");
@@ -103,20 +96,11 @@ fn node() -> Node {
             s(&agent_dir.join("snapshotter")),
         ],
     );
-    wait_for_socket(&snap_socket, &agent);
+    agent.wait_for_socket(&snap_socket);
 
     // containerd reaches the proxy over plain HTTP.
     let hosts = t.path().join("certs.d");
-    let host_dir = hosts.join(&proxy.addr);
-    std::fs::create_dir_all(&host_dir).unwrap();
-    std::fs::write(
-        host_dir.join("hosts.toml"),
-        format!(
-            "server = \"http://{0}\"\n\n[host.\"http://{0}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-            proxy.addr
-        ),
-    )
-    .unwrap();
+    plain_http_hosts(&hosts, &proxy.addr);
     // containerd's config made to use the snapshotter as a user would.
     let socket = snap_socket.clone();
     let containerd = Containerd::start_cri(
@@ -179,21 +163,6 @@ fn which(tool: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-/// Waits until the agent's snapshotter accepts connections (a killed agent leaves its
-/// socket file behind).
-fn wait_for_socket(socket: &Path, agent: &AgentProcess) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the snapshotter socket {} did not appear:\n{}",
-            socket.display(),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Waits until containerd reaches the snapshotter again after the agent restarted:
 /// containerd redials a proxy plugin with a backoff of up to 3 s.
 fn wait_for_containerd_to_reconnect(node: &Node) {
@@ -217,49 +186,36 @@ fn wait_for_containerd_to_reconnect(node: &Node) {
 /// Runs the test script in a new container `name` from `image` with the Tessera
 /// snapshotter; returns its output.
 fn run_container(node: &Node, image: &str, name: &str) -> String {
-    let out = node.containerd.ctr_k8s(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        "tessera",
-        image,
-        name,
-        "/bin/sh",
-        "-c",
+    ctr_script(
+        node,
+        &["run", "--rm", "--snapshotter", "tessera", image, name],
         SCRIPT,
-        "sh",
         name,
-    ]);
-    assert!(
-        out.status.success(),
-        "ctr run {name}: {}\n{}\ncontainerd log:\n{}\nagent log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        node.containerd.log(),
-        node.agent.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
+    )
 }
 
 /// Runs a script in the running container `container` (`ctr task exec`).
 fn exec(node: &Node, container: &str, id: &str, script: &str) -> String {
-    let out = node.containerd.ctr_k8s(&[
-        "task",
-        "exec",
-        "--exec-id",
-        id,
-        container,
-        "/bin/sh",
-        "-c",
+    ctr_script(
+        node,
+        &["task", "exec", "--exec-id", id, container],
         script,
-        "sh",
         id,
-    ]);
+    )
+}
+
+/// `ctr -n k8s.io ARGS /bin/sh -c SCRIPT sh NAME` (the script sees NAME as `$1`);
+/// its output, or a panic with ctr's output and both daemons' logs.
+fn ctr_script(node: &Node, args: &[&str], script: &str, name: &str) -> String {
+    let mut all = args.to_vec();
+    all.extend(["/bin/sh", "-c", script, "sh", name]);
+    let out = node.containerd.ctr_k8s(&all);
     assert!(
         out.status.success(),
-        "ctr task exec {id}: {}\n{}\nagent log:\n{}",
+        "ctr {args:?}: {}\n{}\ncontainerd log:\n{}\nagent log:\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
+        node.containerd.log(),
         node.agent.log()
     );
     String::from_utf8(out.stdout).unwrap()
@@ -376,7 +332,7 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
     // never read before, through the same mount, and writes to its layer.
     node.agent.restart();
     let socket = node.agent.dir.join("snap.sock");
-    wait_for_socket(&socket, &node.agent);
+    node.agent.wait_for_socket(&socket);
     wait_for_containerd_to_reconnect(&node);
     assert!(
         node.agent
@@ -406,7 +362,7 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
     // A crash (SIGKILL) is survived the same way.
     node.agent.kill9();
     node.agent.restart();
-    wait_for_socket(&socket, &node.agent);
+    node.agent.wait_for_socket(&socket);
     wait_for_containerd_to_reconnect(&node);
     let after_crash = r#"read l < /data/crash; echo "$l""#;
     assert_eq!(

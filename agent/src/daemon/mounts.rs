@@ -259,8 +259,8 @@ impl Mount {
         }
     }
 
-    /// Stops prefetch, unmounts, and logs the pull summary.
-    pub async fn unmount(&self) -> MountStatus {
+    /// Stops prefetch and takes the FUSE session (`None` once taken).
+    fn stop(&self) -> Option<Mounted> {
         if let Some(task) = self
             .prefetch
             .lock()
@@ -269,12 +269,15 @@ impl Mount {
         {
             task.abort();
         }
-        let session = self
-            .session
+        self.session
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(session) = session {
+            .take()
+    }
+
+    /// Stops prefetch, unmounts, and logs the pull summary.
+    pub async fn unmount(&self) -> MountStatus {
+        if let Some(session) = self.stop() {
             // Unmounting waits for the kernel; keep it off the async workers.
             let _ = tokio::task::spawn_blocking(move || session.unmount()).await;
         }
@@ -294,20 +297,7 @@ impl Mount {
             self.unmount().await;
             return;
         }
-        if let Some(task) = self
-            .prefetch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            task.abort();
-        }
-        let session = self
-            .session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(session) = session {
+        if let Some(session) = self.stop() {
             session.leave_mounted();
         }
         tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");

@@ -69,18 +69,7 @@ pub fn mount(
     let underneath = std::fs::metadata(&mountpoint)
         .map_err(|e| Error::io("mount on", &mountpoint, e))?
         .dev();
-    let span = tracing::info_span!("mount", fsname = %opts.fsname);
-    let stats = Arc::new(FsStats::default());
-    let pool = Pool::new(opts.workers, &span)
-        .map_err(|e| Error::io("start read workers for", &mountpoint, e))?;
-    let fs = ImageFs::new(
-        bootstrap,
-        reader,
-        stats.clone(),
-        pool,
-        opts.workers,
-        opts.read_latency.clone(),
-    );
+    let (fs, stats, span) = image_fs(bootstrap, reader, &mountpoint, opts)?;
     let session = Session::new(fs, &mountpoint, &mount_options(opts))
         .map_err(|e| Error::io("mount FUSE filesystem at", &mountpoint, e))?;
     let connection = session
@@ -110,17 +99,13 @@ pub fn mount(
     Ok(mounted)
 }
 
-/// Serves `bootstrap` on `connection`, the FUSE connection of a mount already at
-/// `mountpoint` that an earlier process served (see [`handover`](super::handover)).
-/// `mountpoint` must be canonical: it is not looked at (a stat would wait for a
-/// server until this one runs).
-pub fn attach(
+/// The filesystem of a mount with its statistics, read workers and tracing span.
+fn image_fs(
     bootstrap: Arc<Bootstrap>,
     reader: Arc<dyn ChunkReader>,
     mountpoint: &Path,
-    connection: OwnedFd,
     opts: &MountOptions,
-) -> Result<Mounted> {
+) -> Result<(ImageFs, Arc<FsStats>, tracing::Span)> {
     let span = tracing::info_span!("mount", fsname = %opts.fsname);
     let stats = Arc::new(FsStats::default());
     let pool = Pool::new(opts.workers, &span)
@@ -133,6 +118,21 @@ pub fn attach(
         opts.workers,
         opts.read_latency.clone(),
     );
+    Ok((fs, stats, span))
+}
+
+/// Serves `bootstrap` on `connection`, the FUSE connection of a mount already at
+/// `mountpoint` that an earlier process served (see [`handover`](super::handover)).
+/// `mountpoint` must be canonical: it is not looked at (a stat would wait for a
+/// server until this one runs).
+pub fn attach(
+    bootstrap: Arc<Bootstrap>,
+    reader: Arc<dyn ChunkReader>,
+    mountpoint: &Path,
+    connection: OwnedFd,
+    opts: &MountOptions,
+) -> Result<Mounted> {
+    let (fs, stats, span) = image_fs(bootstrap, reader, mountpoint, opts)?;
     let copy = connection
         .try_clone()
         .map_err(|e| Error::io("copy the FUSE connection of", mountpoint, e))?;

@@ -257,18 +257,8 @@ impl Snapshotter {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(|e| Error::io("create", &path, e))?;
         }
-        let now = SystemTime::now();
-        let record = Record {
-            id,
-            kind: if readonly { Kind::View } else { Kind::Active },
-            parent: parent.to_string(),
-            labels,
-            created: now,
-            updated: now,
-            size: 0,
-            inodes: 0,
-            remote: None,
-        };
+        let kind = if readonly { Kind::View } else { Kind::Active };
+        let record = Record::new(id, kind, parent, labels, None);
         if let Err(e) = self.store.insert_new(key, &record) {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
@@ -319,22 +309,12 @@ impl Snapshotter {
         }
         labels.insert(TARGET_LABEL.into(), layer.target.clone());
         labels.insert(remote::REMOTE_LABEL.into(), "true".into());
-        let now = SystemTime::now();
-        let record = Record {
-            id,
-            kind: Kind::Committed,
-            parent: parent.to_string(),
-            labels,
-            created: now,
-            updated: now,
-            size: 0,
-            inodes: 0,
-            remote: Some(store::Remote {
-                image: layer.image.clone(),
-                layer: layer.digest.clone(),
-                mounted: layer.bootstrap,
-            }),
+        let remote_of = store::Remote {
+            image: layer.image.clone(),
+            layer: layer.digest.clone(),
+            mounted: layer.bootstrap,
         };
+        let record = Record::new(id, Kind::Committed, parent, labels, Some(remote_of));
         let _changing = self.changes.lock().await;
         if let Err(e) = self.store.insert_new(&layer.target, &record) {
             // Another pull of the same image made it meanwhile: ours goes.

@@ -29,6 +29,30 @@ pub struct Record {
     pub remote: Option<Remote>,
 }
 
+impl Record {
+    /// A snapshot made now, with nothing measured yet.
+    pub fn new(
+        id: u64,
+        kind: Kind,
+        parent: &str,
+        labels: BTreeMap<String, String>,
+        remote: Option<Remote>,
+    ) -> Record {
+        let now = SystemTime::now();
+        Record {
+            id,
+            kind,
+            parent: parent.to_string(),
+            labels,
+            created: now,
+            updated: now,
+            size: 0,
+            inodes: 0,
+            remote,
+        }
+    }
+}
+
 /// What a snapshot of a Tessera image stands for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Remote {
@@ -158,17 +182,7 @@ mod tests {
     use super::*;
 
     fn record(id: u64, parent: &str) -> Record {
-        Record {
-            id,
-            kind: Kind::Active,
-            parent: parent.into(),
-            labels: BTreeMap::new(),
-            created: SystemTime::UNIX_EPOCH,
-            updated: SystemTime::UNIX_EPOCH,
-            size: 0,
-            inodes: 0,
-            remote: None,
-        }
+        Record::new(id, Kind::Active, parent, BTreeMap::new(), None)
     }
 
     #[test]

@@ -139,6 +139,30 @@ impl AgentProcess {
         text
     }
 
+    /// Waits until `socket` (one of the agent's listeners) accepts connections; a killed
+    /// agent leaves its socket files behind, so their presence says nothing.
+    pub fn wait_for_socket(&self, socket: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not listen on {} within 20 s:\n{}",
+                socket.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Seconds FUSE reads have waited for data so far
+    /// (`tessera_agent_fuse_read_seconds_sum`).
+    pub fn fuse_read_seconds(&self) -> Option<f64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix("tessera_agent_fuse_read_seconds_sum "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// Kills the agent with SIGKILL (a crash: mounts are left behind).
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

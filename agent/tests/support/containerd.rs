@@ -543,34 +543,29 @@ fn pull_args(reference: &str, opts: &PullOptions) -> Vec<String> {
     args
 }
 
-/// The daemon's configuration: everything under `dir`, nothing it does not need.
-fn config_toml(dir: &Path, socket: &Path, snapshotter: Snapshotter) -> String {
-    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
-    let overlay_root = match snapshotter {
-        Snapshotter::OverlayfsOnTmpfs => path(&dir.join("snapshots")),
-        // Empty: the default, under `root`.
-        Snapshotter::Overlayfs | Snapshotter::Native | Snapshotter::Tessera => String::new(),
-    };
+fn path(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_owned()
+}
+
+/// What every daemon's config.toml starts with: its files under `dir`, its sockets,
+/// the plugin it cannot run without, and the plugins it must not load (each probes the
+/// host, or creates files outside `dir`).
+fn daemon_toml(dir: &Path, socket: &Path, required: &str, disabled: &[&str]) -> String {
+    let disabled: String = disabled.iter().map(|p| format!("  \"{p}\",\n")).collect();
     format!(
         r#"version = 2
 root = "{root}"
 state = "{state}"
 temp = "{temp}"
-required_plugins = ["io.containerd.snapshotter.v1.{snapshotter}"]
+required_plugins = ["{required}"]
 disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
   "io.containerd.snapshotter.v1.aufs",
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper",
   "io.containerd.snapshotter.v1.zfs",
   "io.containerd.internal.v1.opt",
   "io.containerd.internal.v1.restart",
-  "io.containerd.runtime.v1.linux",
-  "io.containerd.runtime.v2.task",
-  "io.containerd.monitor.v1.cgroups",
-  "io.containerd.service.v1.tasks-service",
-  "io.containerd.grpc.v1.tasks",
-]
+{disabled}]
 
 [grpc]
   address = "{socket}"
@@ -580,16 +575,51 @@ disabled_plugins = [
 
 [debug]
   level = "info"
-
-[plugins."io.containerd.snapshotter.v1.overlayfs"]
-  root_path = "{overlay_root}"
 "#,
         root = path(&dir.join("root")),
         state = path(&dir.join("state")),
         temp = path(&dir.join("tmp")),
-        snapshotter = snapshotter.name(),
         socket = path(socket),
     )
+}
+
+/// The daemon's configuration: everything under `dir`, nothing it does not need.
+fn config_toml(dir: &Path, socket: &Path, snapshotter: Snapshotter) -> String {
+    let overlay_root = match snapshotter {
+        Snapshotter::OverlayfsOnTmpfs => path(&dir.join("snapshots")),
+        // Empty: the default, under `root`.
+        Snapshotter::Overlayfs | Snapshotter::Native | Snapshotter::Tessera => String::new(),
+    };
+    let required = format!("io.containerd.snapshotter.v1.{}", snapshotter.name());
+    let disabled = [
+        "io.containerd.grpc.v1.cri",
+        "io.containerd.runtime.v1.linux",
+        "io.containerd.runtime.v2.task",
+        "io.containerd.monitor.v1.cgroups",
+        "io.containerd.service.v1.tasks-service",
+        "io.containerd.grpc.v1.tasks",
+    ];
+    format!(
+        r#"{daemon}
+[plugins."io.containerd.snapshotter.v1.overlayfs"]
+  root_path = "{overlay_root}"
+"#,
+        daemon = daemon_toml(dir, socket, &required, &disabled),
+    )
+}
+
+/// Writes `hosts_dir/<registry>/hosts.toml` telling containerd to speak plain HTTP to
+/// `registry` (`host:port`), for the CRI plugin's `config_path`.
+pub fn plain_http_hosts(hosts_dir: &Path, registry: &str) {
+    let dir = hosts_dir.join(registry);
+    std::fs::create_dir_all(&dir).expect("create hosts dir");
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )
+    .expect("write hosts.toml");
 }
 
 /// What [`Containerd::start_cri`] configures.
@@ -601,31 +631,8 @@ struct Cri {
 /// A node's configuration: the CRI plugin, runc, and no CNI (containers run by `ctr
 /// run` need none; pods are not made). The snapshotter is left to `configure`.
 fn cri_config_toml(dir: &Path, socket: &Path, cri: &Cri) -> String {
-    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
     format!(
-        r#"version = 2
-root = "{root}"
-state = "{state}"
-temp = "{temp}"
-required_plugins = ["io.containerd.grpc.v1.cri"]
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.restart",
-]
-
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[debug]
-  level = "info"
-
+        r#"{daemon}
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
@@ -641,10 +648,7 @@ disabled_plugins = [
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{hosts}"
 "#,
-        root = path(&dir.join("root")),
-        state = path(&dir.join("state")),
-        temp = path(&dir.join("tmp")),
-        socket = path(socket),
+        daemon = daemon_toml(dir, socket, "io.containerd.grpc.v1.cri", &[]),
         cni = path(&dir.join("cni")),
         hosts = path(&cri.hosts_dir),
     )

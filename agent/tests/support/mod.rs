@@ -46,6 +46,24 @@ pub fn tessera_ok(args: &[&str]) -> Output {
     out
 }
 
+/// `tessera convert --json SRC DST ARGS` isolated from this machine's credentials and
+/// config (`DOCKER_CONFIG=home`); returns its summary, panicking if it fails.
+pub fn convert(home: &Path, src: &str, dst: &str, args: &[&str]) -> serde_json::Value {
+    let out = tessera()
+        .args(["convert", "--json", src, dst])
+        .args(args)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .expect("run tessera convert");
+    assert!(
+        out.status.success(),
+        "convert failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("convert --json prints JSON")
+}
+
 /// Runs `tessera build --json --out OUT ARGS` and returns the parsed summary.
 pub fn build(out: &Path, args: &[&str]) -> serde_json::Value {
     let out_s = out.to_str().expect("utf-8 path");
