@@ -67,7 +67,7 @@ pub enum Error {
         image: String,
         chunk: u32,
         digest: String,
-        reason: String,
+        reason: ChunkFailure,
     },
 
     /// The agent daemon refused or failed a request (the message says what to do).
@@ -90,6 +90,22 @@ pub enum Error {
     /// Building or reading the image format failed.
     #[error(transparent)]
     Format(#[from] rafs_format::Error),
+}
+
+/// Why the fetch pipeline could not give a chunk of an image or a piece of a blob (the
+/// reason inside [`Error::Chunk`], and what the mirror cuts a response off with). It is
+/// `Clone` because one fetch answers everyone waiting for the same chunk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkFailure {
+    /// Bytes from a source did not decode to the recorded size or digest.
+    #[error("failed verification ({from}): {reason}")]
+    Verification { from: &'static str, reason: String },
+    /// Every attempt at the origin failed; the last one's reason.
+    #[error("not fetched after {attempts} attempts: {last}")]
+    Exhausted { attempts: u32, last: String },
+    /// The agent is stopping: the fetch was dropped before it answered.
+    #[error("the agent is stopping; the fetch was abandoned")]
+    Stopped,
 }
 
 impl Error {

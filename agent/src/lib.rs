@@ -26,4 +26,4 @@ pub mod peer;
 pub mod registry;
 pub mod snapshotter;
 
-pub use error::{Error, Result};
+pub use error::{ChunkFailure, Error, Result};

@@ -37,6 +37,10 @@ pub struct Agent {
     config: AgentConfig,
     client: Arc<RegistryClient>,
     fetcher: Arc<Fetcher>,
+    /// The chunk cache the fetcher stores into (its figures, its flush at shutdown).
+    cache: Arc<ChunkCache>,
+    /// This node in the swarm, when P2P is on.
+    network: Option<Arc<Network>>,
     runtime: tokio::runtime::Handle,
     /// Mounts by mountpoint (canonical path).
     mounts: Mutex<HashMap<PathBuf, Arc<Mount>>>,
@@ -256,31 +260,34 @@ impl Agent {
             .map_err(|e| Error::io("create", &bootstrap_dir, e))?;
         let mut fetcher = Fetcher::new(
             cache.clone(),
-            client.clone(),
             config.fetch.clone(),
             Arc::new(FetchMetrics::default()),
         );
+        let mut network = None;
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         let mut p2p_tasks = Vec::new();
         if config.p2p.active() {
-            let (network, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone())?;
-            fetcher = fetcher.with_network(network);
+            let (joined, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone())?;
+            fetcher = fetcher.with_peers(joined.clone());
+            network = Some(joined);
             p2p_tasks = tasks;
         }
+        let fetcher = Arc::new(fetcher);
         let mirror = config.mirror.listen.is_some().then(|| {
             Arc::new(Mirror::new(
                 client.clone(),
-                cache,
+                fetcher.clone(),
                 tables,
-                fetcher.network().cloned(),
+                network.clone(),
                 config.mirror.clone(),
             ))
         });
-        let fetcher = Arc::new(fetcher);
         let agent = Arc::new(Agent {
             config,
             client,
             fetcher,
+            cache,
+            network,
             runtime: tokio::runtime::Handle::current(),
             mounts: Mutex::new(HashMap::new()),
             bootstrap_dir,
@@ -289,7 +296,7 @@ impl Agent {
             p2p_tasks: Mutex::new(p2p_tasks),
             mirror,
         });
-        if let Some(network) = agent.fetcher.network() {
+        if let Some(network) = agent.network.as_ref() {
             if let Some(tasks) = network.take_preheat_tasks() {
                 let running =
                     tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), tasks));
@@ -367,9 +374,9 @@ impl Agent {
         Status {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             mounts: list,
-            cache: self.fetcher.cache().stats(),
+            cache: self.cache.stats(),
             bytes_by_source,
-            swarm: self.fetcher.network().map(|n| {
+            swarm: self.network.as_ref().map(|n| {
                 let (schedulers_registered, schedulers) = n.replicas_registered();
                 SwarmStatus {
                     host_id: n.host_id().to_string(),
@@ -393,7 +400,7 @@ impl Agent {
         for m in all {
             m.shut_down().await;
         }
-        if let Some(network) = self.fetcher.network() {
+        if let Some(network) = self.network.as_ref() {
             network.leave().await;
         }
         for task in self
@@ -404,7 +411,7 @@ impl Agent {
         {
             task.abort();
         }
-        if let Err(e) = self.fetcher.cache().flush() {
+        if let Err(e) = self.cache.flush() {
             tracing::warn!(error = %e, "could not flush the cache index");
         }
     }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Agent;
 use crate::config::Prefetch;
-use crate::fetch::{Fetcher, ImageChunks, PullSummary};
+use crate::fetch::{Fetcher, ImageChunks, PullSummary, RegistryOrigin, Wanted};
 use crate::fs::{self, ChunkReader, MountOptions, Mounted};
 use crate::registry::image as registry_image;
 use crate::registry::reference::{Platform, Reference};
@@ -76,19 +76,9 @@ pub struct MountedImage {
 
 impl ChunkReader for MountedImage {
     fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
-        for next in self.chunks.read_ahead(chunk, self.readahead) {
-            let (fetcher, chunks, runtime) = (
-                self.fetcher.clone(),
-                self.chunks.clone(),
-                self.runtime.clone(),
-            );
-            // A blocking thread: the cache does file I/O and hashing.
-            self.runtime.spawn_blocking(move || {
-                let _ = runtime.block_on(fetcher.chunk(&chunks, next));
-            });
-        }
-        self.runtime
-            .block_on(self.fetcher.chunk(&self.chunks, chunk))
+        // FUSE worker threads are not runtime threads: the fetcher's blocking bridge.
+        self.fetcher
+            .read_blocking(&self.runtime, &self.chunks, chunk, self.readahead)
             .map_err(|e| {
                 tracing::error!(image = %self.chunks.reference, chunk, error = %e, "read failed");
                 std::io::Error::other(e.to_string())
@@ -463,10 +453,19 @@ impl Agent {
         };
         let resolved = registry_image::resolve_platform(&self.client, reference, &platform).await?;
         let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
-        let chunks = Arc::new(ImageChunks::new(bootstrap, resolved.reference.clone())?);
-        if self.fetcher.network().is_some() {
-            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
-            tokio::task::spawn_blocking(move || fetcher.announce_cached(&chunks));
+        let origin = Arc::new(RegistryOrigin {
+            client: self.client.clone(),
+            reference: resolved.reference.clone(),
+        });
+        let chunks = Arc::new(ImageChunks::new(
+            bootstrap,
+            resolved.reference.clone(),
+            origin,
+        )?);
+        if let Some(network) = self.network.clone() {
+            let (store, chunks) = (self.fetcher.store().clone(), chunks.clone());
+            // Blocking: an index probe per chunk.
+            tokio::task::spawn_blocking(move || chunks.announce_stored(store.as_ref(), &network));
         }
         Ok((resolved, chunks))
     }
@@ -533,28 +532,17 @@ async fn prefetch_image(
         chunks.extend(rest.into_iter().map(|(_, _, c)| c));
     }
     let total = chunks.len();
-    let limit = Arc::new(tokio::sync::Semaphore::new(concurrency));
-    let mut tasks = tokio::task::JoinSet::new();
     let mut failed = 0usize;
-    for c in chunks {
-        let Ok(permit) = limit.clone().acquire_owned().await else {
-            break;
-        };
-        let (fetcher, image) = (fetcher.clone(), image.clone());
-        let runtime = tokio::runtime::Handle::current();
-        // On a blocking thread: the cache does file I/O and hashing.
-        tasks.spawn_blocking(move || {
-            let ok = runtime.block_on(fetcher.chunk(&image.chunks, c)).is_ok();
-            drop(permit);
-            ok
-        });
-        while let Some(done) = tasks.try_join_next() {
-            failed += usize::from(!matches!(done, Ok(true)));
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        failed += usize::from(!matches!(done, Ok(true)));
-    }
+    let units: Vec<_> = chunks
+        .into_iter()
+        .filter_map(|c| image.chunks.unit(c).ok())
+        .collect();
+    let wanted: Arc<dyn Wanted> = image.chunks.clone();
+    fetcher
+        .fetch_all(&wanted, units, concurrency, |_, outcome| {
+            failed += usize::from(outcome.is_err());
+        })
+        .await;
     tracing::info!(
         image = %image.chunks.reference,
         chunks = total,
@@ -575,7 +563,7 @@ impl Collector for AgentCollector {
         let Some(agent) = self.agent.upgrade() else {
             return Ok(());
         };
-        let cache = agent.fetcher.cache().stats();
+        let cache = agent.cache.stats();
         let counters = [
             ("tessera_agent_cache_hits", "Chunk cache hits", cache.hits),
             (
@@ -595,8 +583,8 @@ impl Collector for AgentCollector {
             ),
         ];
         let uploaded = agent
-            .fetcher
-            .network()
+            .network
+            .as_ref()
             .map_or(0, |n| n.server().uploaded_bytes());
         let counters = counters.into_iter().chain([(
             "tessera_agent_peer_upload_bytes",
@@ -639,16 +627,16 @@ impl Collector for AgentCollector {
                 "tessera_agent_swarm_registered",
                 "1 while the scheduler knows this agent (P2P on and reachable), else 0",
                 agent
-                    .fetcher
-                    .network()
+                    .network
+                    .as_ref()
                     .map_or(0, |n| i64::from(n.registered())),
             ),
             (
                 "tessera_agent_peer_uploads",
                 "Uploads to peers in progress",
                 agent
-                    .fetcher
-                    .network()
+                    .network
+                    .as_ref()
                     .map_or(0, |n| n.server().active_uploads() as i64),
             ),
         ];

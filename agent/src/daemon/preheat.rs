@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tessera_proto::pb;
 
 use super::Agent;
+use crate::fetch::Wanted;
 use crate::peer::Network;
 use crate::registry::reference::Reference;
 use crate::{Error, Result};
@@ -114,57 +115,45 @@ impl Agent {
         progress
             .bytes_total
             .store(list.iter().map(|c| u64::from(c.3)).sum(), Ordering::Relaxed);
-        let limit = Arc::new(tokio::sync::Semaphore::new(
-            self.config.fetch.prefetch_concurrency.max(1),
-        ));
-        let mut tasks = tokio::task::JoinSet::new();
         let mut first_error: Option<String> = None;
         let mut failed = 0u64;
         let mut reported = Instant::now();
-        let mut settle = |done: std::result::Result<Result<u32>, tokio::task::JoinError>| {
-            match done {
-                Ok(Ok(bytes)) => {
-                    progress.chunks_done.fetch_add(1, Ordering::Relaxed);
-                    progress
-                        .bytes_done
-                        .fetch_add(u64::from(bytes), Ordering::Relaxed);
+        let units: Vec<_> = list
+            .iter()
+            .filter_map(|&(_, _, index, _)| chunks.unit(index).ok())
+            .collect();
+        let wanted: Arc<dyn Wanted> = chunks.clone();
+        let concurrency = self.config.fetch.prefetch_concurrency.max(1);
+        self.fetcher
+            .fetch_all(&wanted, units, concurrency, |unit, outcome| {
+                match outcome {
+                    Ok(_) => {
+                        progress.chunks_done.fetch_add(1, Ordering::Relaxed);
+                        progress
+                            .bytes_done
+                            .fetch_add(u64::from(unit.size), Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        first_error.get_or_insert_with(|| {
+                            Error::Chunk {
+                                image: chunks.reference.to_string(),
+                                chunk: unit.index,
+                                digest: unit.key.to_string(),
+                                reason: e,
+                            }
+                            .to_string()
+                        });
+                    }
                 }
-                Ok(Err(e)) => {
-                    failed += 1;
-                    first_error.get_or_insert_with(|| e.to_string());
+                if reported.elapsed() >= PROGRESS_EVERY {
+                    network.preheat_progress(
+                        progress.snapshot(&task.job_id, pb::PreheatState::Running),
+                    );
+                    reported = Instant::now();
                 }
-                Err(e) => {
-                    failed += 1;
-                    first_error.get_or_insert_with(|| e.to_string());
-                }
-            }
-            if reported.elapsed() >= PROGRESS_EVERY {
-                network
-                    .preheat_progress(progress.snapshot(&task.job_id, pb::PreheatState::Running));
-                reported = Instant::now();
-            }
-        };
-        for &(_, _, index, size) in &list {
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                break;
-            };
-            let (fetcher, chunks) = (self.fetcher.clone(), chunks.clone());
-            let runtime = tokio::runtime::Handle::current();
-            // On a blocking thread: the cache does file I/O and hashing.
-            tasks.spawn_blocking(move || {
-                let got = runtime
-                    .block_on(fetcher.chunk(&chunks, index))
-                    .map(|_| size);
-                drop(permit);
-                got
-            });
-            while let Some(done) = tasks.try_join_next() {
-                settle(done);
-            }
-        }
-        while let Some(done) = tasks.join_next().await {
-            settle(done);
-        }
+            })
+            .await;
         match first_error {
             None => Ok(()),
             Some(first) => Err(Error::Agent(format!(

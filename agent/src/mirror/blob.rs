@@ -28,30 +28,25 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, RANGE};
 use hyper::{Method, StatusCode};
+use rafs_format::chunk::Compression;
 use sha2::{Digest, Sha256};
-use tessera_proto::domain::{BlobDigest, ChunkData, Peer, PeerChoice, PieceTable};
+use tessera_proto::domain::{BlobDigest, Peer, PeerChoice, PieceTable};
 use tessera_proto::pb;
 use tokio::sync::mpsc;
 
 use super::access::{fingerprint, AccessKey};
 use super::pieces::{piece_key, Cut, Cutter, PIECE_SIZE};
 use super::{empty, error, relayed, Mirror, Response, Target, DOCKER_CONTENT_DIGEST};
-use crate::fetch::Source;
-use crate::peer::network::PeerFailure;
-use crate::peer::Network;
+use crate::fetch::{self, Event, ForwardedOrigin, Origin, Source, Unit, Wanted};
 
 /// Pieces fetched ahead of the one being sent.
 const WINDOW: usize = 4;
 
-/// Peers tried for one piece before the origin.
+/// Holders asked for their piece table before the origin.
 const PEERS_PER_PIECE: usize = 3;
 
 /// How often an agent streaming a blob from the origin tells the scheduler it still is.
 const FLIGHT_KEEPALIVE: Duration = Duration::from_secs(3);
-
-/// Longest pause between two rounds of asking peers that were all busy (the pauses
-/// double from 0.1 s up to this, within `p2p.max_wait_secs` in all).
-const BUSY_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// Times an origin stream is resumed after its body was cut off.
 const RESUMES: u32 = 3;
@@ -63,7 +58,7 @@ type PieceTask = tokio::task::JoinHandle<Result<Piece, String>>;
 
 /// A verified piece, where it came from, and whether this fetch put it in the cache.
 struct Piece {
-    data: Vec<u8>,
+    data: Arc<Vec<u8>>,
     source: Source,
     newly_cached: bool,
 }
@@ -366,12 +361,12 @@ impl Mirror {
                 added.push(table.table.digests[index]);
             }
             if whole {
-                hasher.update(&data);
+                hasher.update(data.as_slice());
             }
             let (start, end) = table.table.piece_range(index);
             let from = want.0.saturating_sub(start) as usize;
             let to = (want.1.min(end) - start) as usize;
-            let bytes = Bytes::from(data).slice(from..to);
+            let bytes = Bytes::copy_from_slice(&data[from..to]);
             self.count(source, bytes.len());
             if tx.send(Ok(Frame::data(bytes))).await.is_err() {
                 // The client went away; what is cached stays only if verified below.
@@ -432,7 +427,7 @@ impl Mirror {
 
     fn drop_pieces(&self, added: &[[u8; 32]]) {
         for d in added {
-            if let Err(e) = self.cache.remove(&piece_key(*d)) {
+            if let Err(e) = self.fetcher.store().remove(&piece_key(*d)) {
                 tracing::warn!(error = %e, "could not drop an unverified piece");
             }
         }
@@ -467,147 +462,31 @@ impl Mirror {
         }
     }
 
-    /// One piece, verified: from the cache, a peer, or the origin. `true` with it when
-    /// this call put it in the cache.
+    /// One piece, verified, through the fetch pipeline (memory, store, flight, peers,
+    /// origin with this request's credentials).
     async fn piece(
         self: Arc<Self>,
         t: Target,
         table: Arc<PieceTable>,
         index: usize,
     ) -> Result<Piece, String> {
-        let key = piece_key(table.digests[index]);
-        let blob = table.blob.0.as_str();
-        let range = table.piece_range(index);
-        let cache = self.cache.clone();
-        let cached = tokio::task::spawn_blocking(move || cache.get(&key))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten();
-        if let Some(data) = cached {
-            return Ok(Piece {
-                data,
-                source: Source::Cache,
-                newly_cached: false,
-            });
-        }
-        let mut got: Option<(Vec<u8>, Source)> = None;
-        if let Some(network) = &self.network {
-            got = self
-                .piece_from_swarm(network, blob, range, key.digest, index)
-                .await
-                .map(|data| (data, Source::Peer));
-        }
-        if got.is_none() {
-            let mut last = String::new();
-            for attempt in 0..2 {
-                match self
-                    .origin
-                    .blob_range_forwarded(&t.r, blob, range.0..range.1, t.auth.clone())
-                    .await
-                {
-                    Ok(data) if Sha256::digest(&data)[..] == key.digest[..] => {
-                        got = Some((data, Source::Origin));
-                        break;
-                    }
-                    Ok(_) => {
-                        last =
-                            format!("piece {index} from the origin does not match the piece table");
-                        self.metrics
-                            .verification_failures
-                            .get_or_create(&Source::Origin.label())
-                            .inc();
-                        tracing::error!(blob, piece = index, attempt, "{last}");
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            if got.is_none() {
-                return Err(format!("piece {index} of {blob}: {last}"));
-            }
-        }
-        let Some((data, source)) = got else {
-            return Err(format!("piece {index} of {blob}: no source"));
-        };
-        let cache = self.cache.clone();
-        let copy = data.clone();
-        let newly = tokio::task::spawn_blocking(move || {
-            !cache.contains(&key) && cache.put(&key, &copy).is_ok()
-        })
-        .await
-        .unwrap_or(false);
-        Ok(Piece {
-            data,
-            source,
-            newly_cached: newly,
-        })
-    }
-
-    /// A piece from the peers the scheduler names, or `None` (then the origin). Peers
-    /// that are merely busy are asked again after a pause, for up to
-    /// `p2p.max_wait_secs`: right after a blob completes one holder serves a whole
-    /// swarm, and waiting for it is cheaper than the origin, the one link every node
-    /// shares (with 20 nodes on 2 cores, giving up after 3 s sent the registry 4.2x
-    /// the image).
-    async fn piece_from_swarm(
-        &self,
-        network: &Network,
-        blob: &str,
-        range: (u64, u64),
-        digest: [u8; 32],
-        index: usize,
-    ) -> Option<Vec<u8>> {
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(100);
-        loop {
-            let Some(PeerChoice::Peers(peers)) = network.find_peers(blob, range).await else {
-                return None;
-            };
-            let mut only_busy = true;
-            for peer in peers.iter().take(PEERS_PER_PIECE) {
-                let started = Instant::now();
-                match piece_from_peer(network, peer, digest).await {
-                    Ok(data) => {
-                        let n = data.len() as u64;
-                        network.report(
-                            Some(peer),
-                            blob,
-                            range,
-                            n,
-                            started.elapsed(),
-                            pb::Outcome::Ok,
-                        );
-                        return Some(data);
-                    }
-                    Err(PeerFailure::Busy) => {}
-                    Err(failure) => {
-                        only_busy = false;
-                        if failure == PeerFailure::VerificationFailed {
-                            tracing::error!(peer = %peer.id.0, blob, piece = index, "a piece from a peer failed verification; discarded, peer reported");
-                            self.metrics
-                                .verification_failures
-                                .get_or_create(&Source::Peer.label())
-                                .inc();
-                        }
-                        tracing::warn!(peer = %peer.id.0, blob, piece = index, ?failure, "abandoned a peer for this piece");
-                        network.report(
-                            Some(peer),
-                            blob,
-                            range,
-                            0,
-                            started.elapsed(),
-                            failure.outcome(),
-                        );
-                    }
-                }
-            }
-            if !only_busy
-                || started.elapsed() + pause > Duration::from_secs(self.config.max_wait_secs)
-            {
-                return None;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(BUSY_PAUSE_MAX);
+        let unit = piece_unit(&table, index);
+        let wanted: Arc<dyn Wanted> = Arc::new(BlobPieces {
+            table: table.clone(),
+            origin: ForwardedOrigin {
+                client: self.origin.clone(),
+                reference: t.r.clone(),
+                auth: t.auth.clone(),
+            },
+            mirror: self.clone(),
+        });
+        match self.fetcher.unit(&wanted, unit).await {
+            Ok(got) => Ok(Piece {
+                data: got.data,
+                source: got.source,
+                newly_cached: got.newly_stored,
+            }),
+            Err(why) => Err(format!("piece {index} of {}: {why}", table.blob.0)),
         }
     }
 
@@ -797,13 +676,11 @@ impl Mirror {
 
     /// Caches a piece this node cut; `true` if it was not cached before.
     async fn put_piece(&self, digest: [u8; 32], piece: Vec<u8>) -> bool {
-        let cache = self.cache.clone();
+        let store = self.fetcher.store().clone();
         let key = piece_key(digest);
-        tokio::task::spawn_blocking(move || {
-            !cache.contains(&key) && cache.put(&key, &piece).is_ok()
-        })
-        .await
-        .unwrap_or(false)
+        fetch::blocking(move || !store.contains(&key) && store.put(&key, &piece).is_ok())
+            .await
+            .unwrap_or(false)
     }
 
     /// Relays the blob (or its HEAD, or a part) straight from the upstream.
@@ -851,31 +728,66 @@ impl Mirror {
     }
 }
 
-/// One piece from one peer, checked against its digest.
-async fn piece_from_peer(
-    network: &Network,
-    peer: &Peer,
-    digest: [u8; 32],
-) -> Result<Vec<u8>, PeerFailure> {
-    let mut stream = network
-        .fetch_chunks(peer, rafs_format::chunk::DigestAlgo::Sha256, vec![digest])
-        .await?;
-    // `peer_timeout` is set for chunks of about 1 MiB; a piece is four times that.
-    let stall = network.peer_timeout() * (PIECE_SIZE >> 20).max(1) as u32;
-    let message = match tokio::time::timeout(stall, stream.message()).await {
-        Err(_) => return Err(PeerFailure::Timeout),
-        Ok(Err(status)) => return Err(crate::peer::network::failure_of(&status)),
-        Ok(Ok(None)) => return Err(PeerFailure::NotFound),
-        Ok(Ok(Some(m))) => m,
-    };
-    let chunk = ChunkData::try_from(message).map_err(|_| PeerFailure::Protocol)?;
-    if chunk.digest != digest {
-        return Err(PeerFailure::Protocol);
+/// Piece `index` of a blob as a unit of the fetch pipeline: stored as it is, checked
+/// against the table's sha256.
+fn piece_unit(table: &PieceTable, index: usize) -> Unit {
+    let (start, end) = table.piece_range(index);
+    let len = (end - start) as u32;
+    Unit {
+        key: piece_key(table.digests[index]),
+        index: index as u32,
+        blob: 0,
+        offset: start,
+        stored_size: len,
+        compression: Compression::None,
+        size: len,
     }
-    if Sha256::digest(&chunk.data)[..] != digest[..] {
-        return Err(PeerFailure::VerificationFailed);
+}
+
+/// The pieces of one blob, as the fetch pipeline sees them: fetched one at a time
+/// (the response's window keeps several in flight), kept out of memory, offered to
+/// peers only once the whole blob matched its digest ([`Mirror::send_pieces`]).
+struct BlobPieces {
+    table: Arc<PieceTable>,
+    origin: ForwardedOrigin,
+    /// For its verification-failure metric.
+    mirror: Arc<Mirror>,
+}
+
+impl Wanted for BlobPieces {
+    fn name(&self) -> String {
+        self.table.blob.0.clone()
     }
-    Ok(chunk.data)
+
+    fn blob(&self, _unit: &Unit) -> &str {
+        &self.table.blob.0
+    }
+
+    fn next_in_blob(&self, _unit: &Unit) -> Option<Unit> {
+        None
+    }
+
+    fn origin(&self) -> &dyn Origin {
+        &self.origin
+    }
+
+    fn announce_at_once(&self) -> bool {
+        false
+    }
+
+    fn keep_in_memory(&self) -> bool {
+        false
+    }
+
+    fn observe(&self, event: Event) {
+        if let Event::VerificationFailed(source) = event {
+            self.mirror
+                .metrics
+                .verification_failures
+                .get_or_create(&source.label())
+                .inc();
+        }
+    }
 }
 
 #[cfg(test)]

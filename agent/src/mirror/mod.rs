@@ -43,9 +43,8 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cache::ChunkCache;
 use crate::config::MirrorConfig;
-use crate::fetch::{Source, SourceLabel};
+use crate::fetch::{Fetcher, Source, SourceLabel};
 use crate::peer::Network;
 use crate::registry::client::{RegistryClient, MANIFEST_MEDIA_TYPES};
 use crate::registry::reference::Reference;
@@ -78,7 +77,8 @@ const RELAYED: [&str; 7] = [
 #[derive(Debug)]
 pub struct Mirror {
     origin: Arc<RegistryClient>,
-    cache: Arc<ChunkCache>,
+    /// The fetch pipeline pieces come through (its store holds them).
+    fetcher: Arc<Fetcher>,
     tables: Arc<PieceTables>,
     network: Option<Arc<Network>>,
     config: MirrorConfig,
@@ -269,7 +269,7 @@ fn route(path: &str) -> Option<Route<'_>> {
 impl Mirror {
     pub fn new(
         origin: Arc<RegistryClient>,
-        cache: Arc<ChunkCache>,
+        fetcher: Arc<Fetcher>,
         tables: Arc<PieceTables>,
         network: Option<Arc<Network>>,
         config: MirrorConfig,
@@ -277,7 +277,7 @@ impl Mirror {
         Mirror {
             access: AccessCache::new(Duration::from_secs(config.access_ttl_secs)),
             origin,
-            cache,
+            fetcher,
             tables,
             network,
             config,

@@ -1,0 +1,141 @@
+//! The origin step of a run: one Range request over the run's missing units, each
+//! verified (on the blocking pool) and answered as soon as its last byte is here;
+//! units that failed are asked for again after a pause that doubles, up to
+//! `fetch.attempts` requests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use tessera_proto::pb;
+
+use super::run::Planned;
+use super::unit::{Event, Fetched, Wanted};
+use super::{Fetcher, Outcome, Source};
+use crate::ChunkFailure;
+
+/// The pause before the origin is asked again: 400 ms, doubling, at most 6.4 s.
+pub(super) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(200 << attempt.min(5))
+}
+
+type Check = tokio::task::JoinHandle<Result<Fetched, String>>;
+
+impl Fetcher {
+    /// Fetches the run's missing units from the origin; returns the last failure's
+    /// reason (empty when nothing failed).
+    pub(super) async fn from_origin(
+        self: &Arc<Self>,
+        wanted: &Arc<dyn Wanted>,
+        run: &Arc<[Planned]>,
+        outcomes: &mut [Option<Outcome>],
+    ) -> String {
+        let mut last_error = String::new();
+        for attempt in 0..self.config.attempts {
+            let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
+            let (Some(&lo), Some(&hi)) = (pending.first(), pending.last()) else {
+                break;
+            };
+            if attempt > 0 {
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            let (start, end) = (run[lo].unit.offset, run[hi].unit.range().1);
+            let blob = wanted.blob(&run[lo].unit).to_string();
+            let started = Instant::now();
+            // Units of `pending` looked at in this attempt, in blob order: each is
+            // checked as soon as its last byte is here.
+            let mut looked_at = 0;
+            let mut checks: Vec<(usize, Check)> = Vec::new();
+            let mut take = |arrived: &[u8]| {
+                while let Some(&i) = pending.get(looked_at) {
+                    let unit = run[i].unit;
+                    let from = (unit.offset - start) as usize;
+                    let to = from + unit.stored_size as usize;
+                    if arrived.len() < to {
+                        break;
+                    }
+                    looked_at += 1;
+                    let raw = arrived[from..to].to_vec();
+                    let (this, wanted, run) = (self.clone(), wanted.clone(), run.clone());
+                    let check = tokio::task::spawn_blocking(move || {
+                        this.verify_and_keep(
+                            wanted.as_ref(),
+                            &run[i],
+                            &raw,
+                            unit.compression,
+                            Source::Origin,
+                            started,
+                        )
+                    });
+                    checks.push((i, check));
+                }
+            };
+            let fetched = wanted.origin().range(&blob, start..end, &mut take).await;
+            let failed = match fetched {
+                // For an origin that shows the bytes only at the end.
+                Ok(bytes) => {
+                    take(&bytes);
+                    None
+                }
+                Err(e) => Some(e.to_string()),
+            };
+            let mut held = Vec::new();
+            for (i, check) in checks {
+                match check.await {
+                    Ok(Ok(got)) => {
+                        if got.newly_stored {
+                            held.push(run[i].unit.range());
+                        }
+                        outcomes[i] = Some(Ok(got));
+                    }
+                    Ok(Err(reason)) => {
+                        self.count_failure(wanted.as_ref(), Source::Origin, true);
+                        tracing::error!(
+                            image = %wanted.name(),
+                            chunk = run[i].unit.index,
+                            blob,
+                            offset = run[i].unit.offset,
+                            attempt,
+                            reason,
+                            "chunk from origin failed verification; discarded"
+                        );
+                        last_error = ChunkFailure::Verification {
+                            from: "origin",
+                            reason,
+                        }
+                        .to_string();
+                    }
+                    Err(_) => last_error = ChunkFailure::Stopped.to_string(),
+                }
+            }
+            // What was verified before a cut is kept and may be announced.
+            self.announce(wanted.as_ref(), &blob, held);
+            if let Some(e) = failed {
+                self.count_failure(wanted.as_ref(), Source::Origin, false);
+                tracing::warn!(image = %wanted.name(), blob, start, end, attempt, error = %e, "origin fetch failed");
+                // Frees the scheduler's origin slot for another agent.
+                self.report_origin(&blob, (start, end), 0, started, pb::Outcome::Connection);
+                last_error = e;
+                continue;
+            }
+            wanted.observe(Event::OriginTransfer { bytes: end - start });
+            // For the scheduler's account of peer vs origin bytes.
+            self.report_origin(&blob, (start, end), end - start, started, pb::Outcome::Ok);
+        }
+        last_error
+    }
+
+    fn report_origin(
+        &self,
+        blob: &str,
+        range: (u64, u64),
+        bytes: u64,
+        started: Instant,
+        outcome: pb::Outcome,
+    ) {
+        if let Some(peers) = &self.peers {
+            peers.report(None, blob, range, bytes, started.elapsed(), outcome);
+        }
+    }
+}

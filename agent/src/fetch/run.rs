@@ -1,0 +1,159 @@
+//! A leader's run: the units it fetches in one go, from peers first (when in a swarm)
+//! and then the origin, each answered to its waiters as soon as it is verified.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use rafs_format::chunk::{decode_and_verify, Compression};
+use tokio::sync::watch;
+
+use super::unit::{Event, Fetched, Unit, Wanted};
+use super::{Fetcher, Outcome, Source};
+use crate::cache::ChunkKey;
+use crate::ChunkFailure;
+
+/// A unit a leader fetches, and where its waiters listen.
+pub(super) struct Planned {
+    pub unit: Unit,
+    pub done: watch::Sender<Option<Outcome>>,
+}
+
+/// `[start, end)` of the blob spanned by these units.
+pub(super) fn span<'a>(units: impl IntoIterator<Item = &'a Unit>) -> (u64, u64) {
+    units
+        .into_iter()
+        .map(Unit::range)
+        .fold((u64::MAX, 0), |(s, e), (us, ue)| (s.min(us), e.max(ue)))
+}
+
+impl Fetcher {
+    /// Registers `first` and the contiguous missing units after it (within
+    /// `merge_bytes`) as in flight, led by the caller.
+    pub(super) fn plan_run(
+        &self,
+        flights: &mut HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>,
+        wanted: &dyn Wanted,
+        first: Unit,
+    ) -> Arc<[Planned]> {
+        let mut planned = vec![first];
+        let mut end = first.range().1;
+        let mut bytes = u64::from(first.stored_size);
+        let mut last = first;
+        while let Some(next) = wanted.next_in_blob(&last) {
+            let size = u64::from(next.stored_size);
+            if next.offset != end
+                || bytes + size > self.config.merge_bytes
+                || flights.contains_key(&next.key)
+                || planned.iter().any(|u| u.key == next.key)
+                || self.store.contains(&next.key)
+            {
+                break;
+            }
+            end += size;
+            bytes += size;
+            planned.push(next);
+            last = next;
+        }
+        planned
+            .into_iter()
+            .map(|unit| {
+                let (done, rx) = watch::channel(None);
+                flights.insert(unit.key, rx);
+                Planned { unit, done }
+            })
+            .collect()
+    }
+
+    /// Fetches a planned run: peers, then the origin for what is still missing; what
+    /// no source gave is answered with the last failure.
+    pub(super) async fn lead(self: Arc<Self>, wanted: Arc<dyn Wanted>, run: Arc<[Planned]>) {
+        self.metrics.inflight.inc();
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; run.len()];
+        if let Some(peers) = self.peers.clone() {
+            self.from_peers(peers.as_ref(), &wanted, &run, &mut outcomes)
+                .await;
+        }
+        let last = self.from_origin(&wanted, &run, &mut outcomes).await;
+        self.metrics.inflight.dec();
+        for (planned, outcome) in run.iter().zip(outcomes) {
+            if outcome.is_none() && planned.done.borrow().is_none() {
+                self.answer(
+                    planned,
+                    Err(ChunkFailure::Exhausted {
+                        attempts: self.config.attempts,
+                        last: last.clone(),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Answers everyone waiting for a unit; from now on it is no longer in flight (a
+    /// verified unit is in the store by then).
+    pub(super) fn answer(&self, planned: &Planned, outcome: Outcome) {
+        self.flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&planned.unit.key);
+        let _ = planned.done.send(Some(outcome));
+    }
+
+    /// Blocking: verifies a unit's bytes from `source` (stored with `compression`),
+    /// stores it and answers its waiters. The `Fetched` on success; on a mismatch the
+    /// reason, and nobody is answered (the unit is fetched again elsewhere).
+    pub(super) fn verify_and_keep(
+        &self,
+        wanted: &dyn Wanted,
+        planned: &Planned,
+        raw: &[u8],
+        compression: Compression,
+        source: Source,
+        started: Instant,
+    ) -> Result<Fetched, String> {
+        let unit = &planned.unit;
+        let data = decode_and_verify(raw, compression, unit.size, unit.key.algo, &unit.key.digest)?;
+        let bytes = data.len() as u64;
+        wanted.observe(Event::Got { source, bytes });
+        self.metrics.record(source, bytes, started.elapsed());
+        let newly_stored = match self.store.put(&unit.key, &data) {
+            Ok(()) => true,
+            Err(e) => {
+                // Serve it anyway; it will be fetched again next time.
+                tracing::warn!(unit = %unit.key, error = %e, "could not cache a chunk");
+                false
+            }
+        };
+        let got = Fetched {
+            data: Arc::new(data),
+            source,
+            newly_stored,
+        };
+        self.answer(planned, Ok(got.clone()));
+        Ok(got)
+    }
+
+    /// Counts a failed request to `source`, or (with `verification`) bytes from it that
+    /// failed verification, in the wanted's account and the metrics.
+    pub(super) fn count_failure(&self, wanted: &dyn Wanted, source: Source, verification: bool) {
+        let (event, family) = if verification {
+            (
+                Event::VerificationFailed(source),
+                &self.metrics.verification_failures,
+            )
+        } else {
+            (Event::FetchFailed(source), &self.metrics.errors)
+        };
+        wanted.observe(event);
+        family.get_or_create(&source.label()).inc();
+    }
+
+    /// Reports verified units to the swarm when their kind may be offered at once.
+    pub(super) fn announce(&self, wanted: &dyn Wanted, blob: &str, held: Vec<(u64, u64)>) {
+        if let Some(peers) = &self.peers {
+            if wanted.announce_at_once() && !held.is_empty() {
+                peers.held(blob, held);
+            }
+        }
+    }
+}
