@@ -8,6 +8,7 @@
 //! Preheat jobs from the scheduler fetch whole images into the cache the same way,
 //! before anyone mounts them.
 
+pub mod local_api;
 mod mounts;
 mod preheat;
 mod stale;
@@ -22,10 +23,12 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Request;
+use crate::cache::pieces::PieceTables;
 use crate::cache::ChunkCache;
 use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
-use crate::mirror::{Mirror, MirrorStatus, PieceTables};
+use crate::mirror::{Mirror, MirrorStatus};
+use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
@@ -145,11 +148,13 @@ impl std::fmt::Display for Status {
     }
 }
 
-/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm.
+/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm; the
+/// preheat jobs the scheduler hands out go to `preheat_tasks`.
 fn join_swarm(
     p2p: &P2pConfig,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
+    preheat_tasks: PreheatSender,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
@@ -175,7 +180,7 @@ fn join_swarm(
         .and_then(tokio::net::TcpListener::from_std)
         .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
     let tls = crate::peer::network::tls_server(p2p)?;
-    let network = Network::new(p2p, server.clone())?;
+    let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
     let serving = tokio::spawn(async move {
         if let Err(e) = server.serve(listener, token, tls).await {
@@ -262,10 +267,13 @@ impl Agent {
         );
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         let mut p2p_tasks = Vec::new();
+        let mut preheat_jobs = None;
         if config.p2p.active() {
-            let (network, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone())?;
+            let (sender, receiver) = crate::peer::preheat::queue();
+            let (network, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone(), sender)?;
             fetcher = fetcher.with_network(network);
             p2p_tasks = tasks;
+            preheat_jobs = Some(receiver);
         }
         let mirror = config.mirror.listen.is_some().then(|| {
             Arc::new(Mirror::new(
@@ -289,16 +297,13 @@ impl Agent {
             p2p_tasks: Mutex::new(p2p_tasks),
             mirror,
         });
-        if let Some(network) = agent.fetcher.network() {
-            if let Some(tasks) = network.take_preheat_tasks() {
-                let running =
-                    tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), tasks));
-                agent
-                    .p2p_tasks
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(running);
-            }
+        if let (Some(network), Some(jobs)) = (agent.fetcher.network(), preheat_jobs) {
+            let running = tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), jobs));
+            agent
+                .p2p_tasks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(running);
         }
         Ok(agent)
     }

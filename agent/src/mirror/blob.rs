@@ -34,8 +34,8 @@ use tessera_proto::pb;
 use tokio::sync::mpsc;
 
 use super::access::{fingerprint, AccessKey};
-use super::pieces::{piece_key, Cut, Cutter, PIECE_SIZE};
 use super::{empty, error, relayed, Mirror, Response, Target, DOCKER_CONTENT_DIGEST};
+use crate::cache::pieces::{piece_key, Cut, Cutter, PIECE_SIZE};
 use crate::fetch::Source;
 use crate::peer::network::PeerFailure;
 use crate::peer::Network;

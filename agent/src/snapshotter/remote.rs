@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::daemon::{Agent, Attach};
-use crate::fs::handover::{fuse_mounted_at, Keeper};
+use crate::fs::handover::Keeper;
+use crate::fs::mount_table::{fuse_mounted_at, lazy_unmount};
 use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
 use crate::registry::reference::{Platform, Reference};
 use crate::Result;
@@ -206,10 +207,9 @@ impl Remote {
             if let Some(keeper) = &self.keeper {
                 let _ = keeper.release(dir);
             }
-            let _ = std::process::Command::new("fusermount3")
-                .args(["-u", "-z", "--"])
-                .arg(dir)
-                .status();
+            if let Err(e) = lazy_unmount(dir) {
+                tracing::warn!(error = %e, "could not detach a mount nobody serves");
+            }
         }
         self.mount(image, dir).await.map(|()| false)
     }
