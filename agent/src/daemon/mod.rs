@@ -8,12 +8,14 @@
 //! Preheat jobs from the scheduler fetch whole images into the cache the same way,
 //! before anyone mounts them.
 
+mod lifecycle;
 pub mod local_api;
 mod mounts;
 mod preheat;
 mod stale;
 
-pub use mounts::{Attach, MountStatus, Recorder};
+pub use lifecycle::Attach;
+pub use mounts::{MountStatus, Recorder};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,7 +34,7 @@ use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
-use mounts::Mount;
+use lifecycle::Mount;
 
 /// The daemon's state, shared by the API, the metrics endpoint and the FUSE workers.
 #[derive(Debug)]

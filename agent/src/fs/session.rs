@@ -43,18 +43,25 @@ pub struct Mounted {
     /// Device number of the mounted filesystem: tells our mount from anything mounted
     /// at the same place before or after it.
     dev: u64,
-    /// Unmounts through `fuser`; `None` once unmounted.
-    unmounter: Option<SessionUnmounter>,
+    /// How to unmount; `None` once unmounted or left mounted.
+    unmounter: Option<Unmounter>,
     session: Option<JoinHandle<io::Result<()>>>,
     /// Sent to when the session thread has finished (the filesystem is dropped).
     ended: Receiver<()>,
     /// A copy of the FUSE connection (`/dev/fuse`), for [`handover`](super::handover).
     connection: Option<OwnedFd>,
-    /// Serving a connection another process mounted ([`attach`]): fuser has no
-    /// unmount of its own for it.
-    attached: bool,
     stats: Arc<FsStats>,
     span: tracing::Span,
+}
+
+/// How the process serving a mount unmounts it.
+#[derive(Debug)]
+enum Unmounter {
+    /// `fuser` mounted it ([`mount`]): its unmounter.
+    Fuser(SessionUnmounter),
+    /// Served on a connection another process mounted ([`attach`]): `fuser` has no
+    /// unmount of its own for it, so umount(2).
+    Syscall,
 }
 
 /// Mounts `bootstrap` read-only at `mountpoint`, an existing empty directory, serving
@@ -141,7 +148,7 @@ pub fn attach(
     let session = Session::from_fd(fs, relayed, fuser::SessionACL::All);
     let mut mounted = run_session(session, mountpoint.to_path_buf(), stats, span)?;
     mounted.connection = Some(copy);
-    mounted.attached = true;
+    mounted.unmounter = Some(Unmounter::Syscall);
     match std::fs::metadata(mountpoint) {
         Ok(meta) => mounted.dev = meta.dev(),
         Err(e) => return Err(Error::io("stat taken-over mount", mountpoint, e)),
@@ -180,11 +187,10 @@ fn run_session(
     Ok(Mounted {
         mountpoint,
         dev: 0,
-        unmounter: Some(unmounter),
+        unmounter: Some(Unmounter::Fuser(unmounter)),
         session: Some(thread),
         ended,
         connection: None,
-        attached: false,
         stats,
         span,
     })
@@ -261,16 +267,20 @@ impl Mounted {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Some(mut unmounter) = self.unmounter.take() else {
+        let Some(unmounter) = self.unmounter.take() else {
             return Ok(());
         };
         let span = self.span.clone();
         let _entered = span.enter();
         // umount(2), unless the session already ended; fuser only logs a failure.
-        if self.attached {
-            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty());
-        } else {
-            let _ = unmounter.unmount();
+        match unmounter {
+            Unmounter::Syscall => {
+                let _ =
+                    rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty());
+            }
+            Unmounter::Fuser(mut unmounter) => {
+                let _ = unmounter.unmount();
+            }
         }
         if self.still_mounted() {
             mount_table::lazy_unmount(&self.mountpoint)?;
