@@ -2,19 +2,17 @@
 //! socket (anyone who can open it may call) and optionally on TCP, where every request
 //! must carry the token from `api_token_file`. `tessera mount`, `umount` and `status`
 //! are its clients.
+//!
+//! This module is the protocol and its client; the daemon serves it
+//! (`daemon::local_api`), so the protocol depends on nothing of the daemon.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::config::Prefetch;
-use crate::daemon::Agent;
 use crate::{Error, Result};
-
-/// Largest request accepted (they are a few hundred bytes).
-const MAX_REQUEST: u64 = 64 << 10;
 
 /// What a client asks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -57,78 +55,6 @@ pub struct Response {
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-}
-
-/// Who is calling, which decides whether a token is needed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    Unix,
-    Tcp,
-}
-
-/// Serves one connection: reads a request line, answers it.
-pub async fn serve_connection(
-    agent: Arc<Agent>,
-    stream: impl AsyncRead + AsyncWrite + Unpin,
-    transport: Transport,
-) {
-    let (read, mut write) = tokio::io::split(stream);
-    let mut line = String::new();
-    let mut reader = BufReader::new(read).take(MAX_REQUEST);
-    let response = match reader.read_line(&mut line).await {
-        Err(e) => failure(format!("read request: {e}")),
-        Ok(_) => match serde_json::from_str::<Envelope>(&line) {
-            Err(e) => failure(format!("bad request: {e}")),
-            Ok(envelope) => match authorize(&agent, &envelope, transport) {
-                Err(e) => failure(e),
-                Ok(()) => match agent.handle(envelope.request).await {
-                    Ok(result) => Response {
-                        ok: true,
-                        result: Some(result),
-                        error: None,
-                    },
-                    Err(e) => failure(format!("{e:#}")),
-                },
-            },
-        },
-    };
-    let mut text = serde_json::to_string(&response).unwrap_or_else(|_| "{\"ok\":false}".into());
-    text.push('\n');
-    let _ = write.write_all(text.as_bytes()).await;
-    let _ = write.shutdown().await;
-}
-
-fn failure(error: String) -> Response {
-    Response {
-        ok: false,
-        result: None,
-        error: Some(error),
-    }
-}
-
-/// TCP callers must present the current token (re-read each time, so it rotates).
-fn authorize(
-    agent: &Agent,
-    envelope: &Envelope,
-    transport: Transport,
-) -> std::result::Result<(), String> {
-    if transport == Transport::Unix {
-        return Ok(());
-    }
-    let Some(path) = &agent.config().api_token_file else {
-        return Err("the TCP API is disabled: no api_token_file".into());
-    };
-    let expected = std::fs::read_to_string(path)
-        .map_err(|e| format!("the agent cannot read its token file: {e}"))?;
-    let given = envelope.token.as_deref().unwrap_or("");
-    // Compare all bytes whatever the first difference, so timing says nothing.
-    let (a, b) = (expected.trim().as_bytes(), given.as_bytes());
-    let same = a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
-    if same && !a.is_empty() {
-        Ok(())
-    } else {
-        Err("unauthorized: missing or wrong token".into())
-    }
 }
 
 /// Sends `request` to the agent on `socket` and returns its result.

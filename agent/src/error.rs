@@ -78,7 +78,7 @@ pub enum Error {
     /// containerd is told (e.g. "already exists" makes it skip a layer).
     #[error("snapshot {key:?}: {reason} ({code})")]
     Snapshot {
-        code: crate::snapshotter::Code,
+        code: SnapshotCode,
         key: String,
         reason: String,
     },
@@ -106,6 +106,31 @@ pub enum ChunkFailure {
     /// The agent is stopping: the fetch was dropped before it answered.
     #[error("the agent is stopping; the fetch was abandoned")]
     Stopped,
+}
+
+/// What kind of failure a snapshot operation met: containerd tells them apart (an
+/// "already exists" answer to `Prepare` means "skip this layer"). Here rather than in
+/// `snapshotter` (which re-exports it as `Code`) so the error module depends on
+/// nothing of the crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotCode {
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    Internal,
+}
+
+impl std::fmt::Display for SnapshotCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SnapshotCode::NotFound => "not found",
+            SnapshotCode::AlreadyExists => "already exists",
+            SnapshotCode::FailedPrecondition => "failed precondition",
+            SnapshotCode::InvalidArgument => "invalid argument",
+            SnapshotCode::Internal => "internal",
+        })
+    }
 }
 
 impl Error {

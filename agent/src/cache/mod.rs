@@ -25,8 +25,12 @@
 //!   clock jumps, and a hit costs one batch rather than a scan.
 //! - **Capacity is kept after every put** by evicting from the front of the LRU order,
 //!   skipping pinned chunks; a full disk evicts a little and tries the write again.
+//!
+//! [`pieces`] keeps, beside the chunks, the piece tables of plain blobs the registry
+//! mirror cut (the peer service serves them too, so they sit below both).
 
 mod layout;
+pub mod pieces;
 #[cfg(test)]
 mod tests;
 

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use tessera_agent::api::{self, Request, Transport};
+use tessera_agent::api::{self, Request};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
+use tessera_agent::daemon::local_api::{self, Transport};
 use tessera_agent::daemon::{Agent, MountStatus, Status};
 use tessera_agent::fs::handover::Keeper;
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
@@ -260,7 +261,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                     let Ok((stream, _)) = unix.accept().await else {
                         continue;
                     };
-                    tokio::spawn(api::serve_connection(
+                    tokio::spawn(local_api::serve_connection(
                         agent.clone(),
                         stream,
                         Transport::Unix,
@@ -283,7 +284,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                         continue;
                     };
                     let Some(tls) = tls.clone() else {
-                        tokio::spawn(api::serve_connection(agent.clone(), stream, Transport::Tcp));
+                        tokio::spawn(local_api::serve_connection(agent.clone(), stream, Transport::Tcp));
                         continue;
                     };
                     let agent = agent.clone();
@@ -294,7 +295,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
                             tls.accept(stream),
                         );
                         if let Ok(Ok(stream)) = handshake.await {
-                            api::serve_connection(agent, stream, Transport::Tcp).await;
+                            local_api::serve_connection(agent, stream, Transport::Tcp).await;
                         }
                     });
                 }

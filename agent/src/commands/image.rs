@@ -20,6 +20,7 @@ use tessera_agent::registry::reference::{Platform, Reference};
 
 use tessera_agent::registry::credentials::parse_user_password;
 
+use super::parse_size;
 use super::registry::{runtime, RegistryArgs};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -100,13 +101,6 @@ pub fn print_out(text: impl std::fmt::Display) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("write to standard output"),
     }
-}
-
-/// Parses `4096`, `64K`, `1M`, `1MiB`, `16m` into a size that fits a u32 (chunk and
-/// upload sizes); the units are the agent config's.
-pub fn parse_size(s: &str) -> Result<u32, String> {
-    let n = tessera_agent::config::parse_size(s)?;
-    u32::try_from(n).map_err(|_| format!("{s:?} is too large"))
 }
 
 /// Prints a command's summary: as JSON for machines, else as its `Display` for people.
@@ -433,15 +427,6 @@ pub fn unpack(args: UnpackArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(65536));
-        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert!(parse_size("5G").is_err());
-        assert!(parse_size("x").is_err());
-    }
 
     #[test]
     fn layout_refs_split_on_the_tag() {

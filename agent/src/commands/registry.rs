@@ -37,7 +37,7 @@ pub struct RegistryArgs {
     retries: u32,
     /// Blobs up to this size are uploaded in one request, larger ones in chunks of it
     /// (lower it for proxies that limit request bodies); accepts K/M suffixes.
-    #[arg(long, default_value = "16M", value_parser = super::image::parse_size)]
+    #[arg(long, default_value = "16M", value_parser = super::parse_size)]
     upload_chunk_size: u32,
 }
 

@@ -8,11 +8,14 @@
 //! Preheat jobs from the scheduler fetch whole images into the cache the same way,
 //! before anyone mounts them.
 
+mod lifecycle;
+pub mod local_api;
 mod mounts;
 mod preheat;
 mod stale;
 
-pub use mounts::{Attach, MountStatus, Recorder};
+pub use lifecycle::Attach;
+pub use mounts::{MountStatus, Recorder};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,14 +25,16 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use crate::api::Request;
+use crate::cache::pieces::PieceTables;
 use crate::cache::ChunkCache;
 use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
-use crate::mirror::{Mirror, MirrorStatus, PieceTables};
+use crate::mirror::{Mirror, MirrorStatus};
+use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
-use mounts::Mount;
+use lifecycle::Mount;
 
 /// The daemon's state, shared by the API, the metrics endpoint and the FUSE workers.
 #[derive(Debug)]
@@ -149,11 +154,13 @@ impl std::fmt::Display for Status {
     }
 }
 
-/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm.
+/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm; the
+/// preheat jobs the scheduler hands out go to `preheat_tasks`.
 fn join_swarm(
     p2p: &P2pConfig,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
+    preheat_tasks: PreheatSender,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
@@ -179,7 +186,7 @@ fn join_swarm(
         .and_then(tokio::net::TcpListener::from_std)
         .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
     let tls = crate::peer::network::tls_server(p2p)?;
-    let network = Network::new(p2p, server.clone())?;
+    let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
     let serving = tokio::spawn(async move {
         if let Err(e) = server.serve(listener, token, tls).await {
@@ -266,11 +273,14 @@ impl Agent {
         let mut network = None;
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         let mut p2p_tasks = Vec::new();
+        let mut preheat_jobs = None;
         if config.p2p.active() {
-            let (joined, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone())?;
+            let (sender, receiver) = crate::peer::preheat::queue();
+            let (joined, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone(), sender)?;
             fetcher = fetcher.with_peers(joined.clone());
             network = Some(joined);
             p2p_tasks = tasks;
+            preheat_jobs = Some(receiver);
         }
         let fetcher = Arc::new(fetcher);
         let mirror = config.mirror.listen.is_some().then(|| {
@@ -296,16 +306,13 @@ impl Agent {
             p2p_tasks: Mutex::new(p2p_tasks),
             mirror,
         });
-        if let Some(network) = agent.network.as_ref() {
-            if let Some(tasks) = network.take_preheat_tasks() {
-                let running =
-                    tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), tasks));
-                agent
-                    .p2p_tasks
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(running);
-            }
+        if let (Some(network), Some(jobs)) = (agent.network.as_ref(), preheat_jobs) {
+            let running = tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), jobs));
+            agent
+                .p2p_tasks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(running);
         }
         Ok(agent)
     }

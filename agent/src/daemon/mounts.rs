@@ -15,39 +15,14 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use rafs_format::reader::{Bootstrap, FileKind};
 use serde::{Deserialize, Serialize};
 
+use super::lifecycle::{Attach, Mount};
 use super::Agent;
 use crate::config::Prefetch;
 use crate::fetch::{Fetcher, ImageChunks, PullSummary, RegistryOrigin, Wanted};
-use crate::fs::{self, ChunkReader, MountOptions, Mounted};
+use crate::fs::{self, ChunkReader, MountOptions};
 use crate::registry::image as registry_image;
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
-
-/// A mounted image.
-#[derive(Debug)]
-pub struct Mount {
-    pub image: Arc<MountedImage>,
-    pub mountpoint: PathBuf,
-    /// The FUSE session; `None` once unmounted.
-    session: Mutex<Option<Mounted>>,
-    prefetch: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    mounted_at: SystemTime,
-    mount_seconds: f64,
-    /// The FUSE keeper holds its connection: at shutdown it stays mounted for the next
-    /// agent to take over (the snapshotter's mounts, under running containers).
-    kept: std::sync::atomic::AtomicBool,
-}
-
-/// How [`Agent::mount_with`] gets its filesystem to the mount point.
-#[derive(Debug)]
-pub enum Attach {
-    /// Mounts anew.
-    Mount,
-    /// Mounts anew and returns a copy of the FUSE connection (for the keeper).
-    MountHandingOver,
-    /// Serves this connection of a mount an earlier agent left at the mount point.
-    TakeOver(std::os::fd::OwnedFd),
-}
 
 /// What the filesystem reads through: the image's chunks, and the read statistics.
 #[derive(Debug)]
@@ -248,50 +223,6 @@ impl Mount {
             pull,
         }
     }
-
-    /// Stops prefetch and takes the FUSE session (`None` once taken).
-    fn stop(&self) -> Option<Mounted> {
-        if let Some(task) = self
-            .prefetch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            task.abort();
-        }
-        self.session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-    }
-
-    /// Stops prefetch, unmounts, and logs the pull summary.
-    pub async fn unmount(&self) -> MountStatus {
-        if let Some(session) = self.stop() {
-            // Unmounting waits for the kernel; keep it off the async workers.
-            let _ = tokio::task::spawn_blocking(move || session.unmount()).await;
-        }
-        let status = self.status();
-        tracing::info!("unmounted: {status}");
-        status
-    }
-
-    /// Marks the mount as held by the FUSE keeper (see [`Attach`]).
-    pub fn set_kept(&self) {
-        self.kept.store(true, Ordering::Relaxed);
-    }
-
-    /// Shutdown: a kept mount stays mounted for the next agent, others are unmounted.
-    pub(super) async fn shut_down(&self) {
-        if !self.kept.load(Ordering::Relaxed) {
-            self.unmount().await;
-            return;
-        }
-        if let Some(session) = self.stop() {
-            session.leave_mounted();
-        }
-        tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");
-    }
 }
 
 impl Agent {
@@ -305,10 +236,8 @@ impl Agent {
         platform: Option<String>,
         prefetch: Option<Prefetch>,
     ) -> Result<MountStatus> {
-        let (status, _) = self
-            .mount_with(image, mountpoint, record, platform, prefetch, Attach::Mount)
-            .await?;
-        Ok(status)
+        self.mount_with(image, mountpoint, record, platform, prefetch, Attach::Mount)
+            .await
     }
 
     /// [`mount`](Self::mount), or taking over a mount an earlier agent left (then
@@ -322,10 +251,10 @@ impl Agent {
         platform: Option<String>,
         prefetch: Option<Prefetch>,
         attach: Attach,
-    ) -> Result<(MountStatus, Option<std::os::fd::OwnedFd>)> {
+    ) -> Result<MountStatus> {
         let started = Instant::now();
         let mountpoint = match attach {
-            Attach::TakeOver(_) => mountpoint.to_path_buf(),
+            Attach::TakeOver { .. } => mountpoint.to_path_buf(),
             _ => Self::canonical(mountpoint)?,
         };
         if self
@@ -368,30 +297,15 @@ impl Agent {
             allow_other: true,
             read_latency: Some(self.fetcher.metrics.fuse_read_seconds.clone()),
         };
-        let hand_over = matches!(attach, Attach::MountHandingOver);
-        let mut session = {
-            let (b, reader, mp) = (
-                bootstrap.clone(),
-                mounted_image.clone() as Arc<dyn ChunkReader>,
-                mountpoint.clone(),
-            );
-            tokio::task::spawn_blocking(move || match attach {
-                Attach::TakeOver(connection) => fs::attach(b, reader, &mp, connection, &opts),
-                _ => fs::mount(b, reader, &mp, &opts),
-            })
-            .await
-            .map_err(|e| Error::Agent(format!("mount task failed: {e}")))??
-        };
-        let connection = session.take_connection().filter(|_| hand_over);
-        let mount = Arc::new(Mount {
-            image: mounted_image.clone(),
-            mountpoint: mountpoint.clone(),
-            session: Mutex::new(Some(session)),
-            prefetch: Mutex::new(None),
-            mounted_at: SystemTime::now(),
-            mount_seconds: started.elapsed().as_secs_f64(),
-            kept: std::sync::atomic::AtomicBool::new(false),
-        });
+        let mount = Mount::attach(
+            mounted_image.clone(),
+            bootstrap,
+            mountpoint.clone(),
+            opts,
+            attach,
+            started,
+        )
+        .await?;
         let mode = prefetch.unwrap_or(self.config.prefetch);
         if mode != Prefetch::None {
             let task = tokio::spawn(prefetch_image(
@@ -400,7 +314,7 @@ impl Agent {
                 mode,
                 self.config.fetch.prefetch_concurrency,
             ));
-            *mount.prefetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+            mount.set_prefetch(task);
         }
         self.mounts
             .lock()
@@ -408,19 +322,7 @@ impl Agent {
             .insert(mountpoint, mount.clone());
         let status = mount.status();
         tracing::info!(digest = %status.digest, seconds = status.mount_seconds, "mounted");
-        Ok((status, connection))
-    }
-
-    /// Marks the mount at `mountpoint` as held by the FUSE keeper.
-    pub fn set_kept(&self, mountpoint: &Path) {
-        if let Some(m) = self
-            .mounts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(mountpoint)
-        {
-            m.set_kept();
-        }
+        Ok(status)
     }
 
     pub async fn umount(&self, mountpoint: &Path) -> Result<MountStatus> {
@@ -666,15 +568,5 @@ impl Collector for AgentCollector {
             )?)?;
         }
         Ok(())
-    }
-}
-
-impl Mount {
-    fn fs_stats(&self) -> Option<Arc<fs::FsStats>> {
-        self.session
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(Mounted::stats)
     }
 }

@@ -11,6 +11,7 @@ use tessera_proto::pb;
 
 use super::Agent;
 use crate::fetch::Wanted;
+use crate::peer::preheat::PreheatReceiver;
 use crate::peer::Network;
 use crate::registry::reference::Reference;
 use crate::{Error, Result};
@@ -22,11 +23,7 @@ const JOBS_AT_ONCE: usize = 2;
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// Runs the jobs arriving on `tasks` until the agent is gone.
-pub(super) async fn run(
-    agent: Weak<Agent>,
-    network: Arc<Network>,
-    mut tasks: tokio::sync::mpsc::UnboundedReceiver<pb::PreheatTask>,
-) {
+pub(super) async fn run(agent: Weak<Agent>, network: Arc<Network>, mut tasks: PreheatReceiver) {
     let limit = Arc::new(tokio::sync::Semaphore::new(JOBS_AT_ONCE));
     while let Some(task) = tasks.recv().await {
         let Some(agent) = agent.upgrade() else { return };

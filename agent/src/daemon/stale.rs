@@ -6,7 +6,8 @@
 //! another agent on the same machine (tests run several).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use crate::fs::mount_table::{self, MountEntry};
 
 /// The filesystem type our mounts have (`fuse.` + the subtype we mount with).
 pub const FS_TYPE: &str = "fuse.tessera";
@@ -32,7 +33,7 @@ pub fn clear_stale_mounts(
     owner: &str,
     keep_under: Option<&Path>,
 ) -> Vec<(PathBuf, Result<(), String>)> {
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(table) = mount_table::read() else {
         return Vec::new();
     };
     tessera_mounts(&table, &source_prefix(owner))
@@ -41,59 +42,20 @@ pub fn clear_stale_mounts(
         // takes them over or clears them itself.
         .filter(|path| keep_under.is_none_or(|k| !path.starts_with(k)))
         .map(|path| {
-            let outcome = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&path)
-                .output()
-                .map_err(|e| format!("run fusermount3: {e} (apt-get install fuse3)"))
-                .and_then(|out| {
-                    if out.status.success() {
-                        Ok(())
-                    } else {
-                        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-                    }
-                });
+            let outcome = mount_table::lazy_unmount(&path).map_err(|e| e.to_string());
             (path, outcome)
         })
         .collect()
 }
 
-/// Mount points of Tessera filesystems whose source starts with `prefix`, in a
-/// `/proc/*/mountinfo` text.
-fn tessera_mounts(mountinfo: &str, prefix: &str) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-            let (left, right) = line.split_once(" - ")?;
-            let mut fields = right.split(' ');
-            let (fs_type, source) = (fields.next()?, unescape(fields.next()?));
-            let mountpoint = left.split(' ').nth(4)?;
-            (fs_type == FS_TYPE && source.starts_with(prefix))
-                .then(|| PathBuf::from(unescape(mountpoint)))
-        })
+/// Mount points of Tessera filesystems whose source starts with `prefix`, in mount-table
+/// `entries`.
+fn tessera_mounts(entries: &[MountEntry], prefix: &str) -> Vec<PathBuf> {
+    entries
+        .iter()
+        .filter(|m| m.fs_type == FS_TYPE && m.source.starts_with(prefix))
+        .map(|m| m.mountpoint.clone())
         .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).ok();
-            if let Some(v) = digits.and_then(|d| u8::from_str_radix(d, 8).ok()) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -109,7 +71,7 @@ mod tests {
 92 22 0:52 / /mnt/theirs rw,relatime - fuse.tessera tessera@def:r/a:v1 ro
 ";
         assert_eq!(
-            tessera_mounts(table, &source_prefix("abc")),
+            tessera_mounts(&mount_table::parse(table), &source_prefix("abc")),
             [PathBuf::from("/mnt/img one")]
         );
     }

@@ -32,6 +32,8 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::mount_table::fuse_mounted_at;
+
 /// The longest control message (`hold <mountpoint>` and the like).
 const MAX_MESSAGE: usize = 8192;
 
@@ -154,23 +156,6 @@ fn serve_agent(agent: BorrowedFd<'_>, held: &mut HashMap<String, OwnedFd>) {
             return;
         }
     }
-}
-
-/// Whether a FUSE filesystem is mounted at `path` (from the mount table: a stat of a
-/// mount whose server is away would wait for it).
-pub fn fuse_mounted_at(path: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = path.as_os_str().as_encoded_bytes();
-    table.lines().any(|line| {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(head), Some(tail)) = (halves.next(), halves.next()) else {
-            return false;
-        };
-        head.split(' ')
-            .nth(4)
-            .is_some_and(|m| super::session::unescape(m) == want)
-            && tail.starts_with("fuse")
-    })
 }
 
 /// The agent's connection to its keeper.

@@ -17,6 +17,8 @@
 //! - `errno` — the error numbers we answer with.
 //! - `session` — [`mount`] and [`Mounted`]: the mount point, the session thread, a
 //!   clean unmount; [`attach`]: serving a mount an earlier agent made.
+//! - `mount_table` — the one parser of `/proc/self/mountinfo` and the one lazy unmount
+//!   (`fusermount3 -u -z`) the agent uses.
 //! - `handover` — the FUSE keeper that holds mounts' connections while the agent
 //!   restarts, and the relay that lets a new session take one over.
 //!
@@ -30,6 +32,7 @@ mod attr;
 mod errno;
 mod filesystem;
 pub mod handover;
+pub mod mount_table;
 mod pool;
 mod read;
 mod session;

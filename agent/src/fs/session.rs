@@ -12,7 +12,6 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -22,6 +21,7 @@ use fuser::{MountOption, Session, SessionUnmounter};
 use rafs_format::reader::Bootstrap;
 
 use super::filesystem::ImageFs;
+use super::mount_table::{self, MountEntry};
 use super::pool::Pool;
 use super::{ChunkReader, FsStats, MountOptions};
 use crate::{Error, Result};
@@ -43,18 +43,25 @@ pub struct Mounted {
     /// Device number of the mounted filesystem: tells our mount from anything mounted
     /// at the same place before or after it.
     dev: u64,
-    /// Unmounts through `fuser`; `None` once unmounted.
-    unmounter: Option<SessionUnmounter>,
+    /// How to unmount; `None` once unmounted or left mounted.
+    unmounter: Option<Unmounter>,
     session: Option<JoinHandle<io::Result<()>>>,
     /// Sent to when the session thread has finished (the filesystem is dropped).
     ended: Receiver<()>,
     /// A copy of the FUSE connection (`/dev/fuse`), for [`handover`](super::handover).
     connection: Option<OwnedFd>,
-    /// Serving a connection another process mounted ([`attach`]): fuser has no
-    /// unmount of its own for it.
-    attached: bool,
     stats: Arc<FsStats>,
     span: tracing::Span,
+}
+
+/// How the process serving a mount unmounts it.
+#[derive(Debug)]
+enum Unmounter {
+    /// `fuser` mounted it ([`mount`]): its unmounter.
+    Fuser(SessionUnmounter),
+    /// Served on a connection another process mounted ([`attach`]): `fuser` has no
+    /// unmount of its own for it, so umount(2).
+    Syscall,
 }
 
 /// Mounts `bootstrap` read-only at `mountpoint`, an existing empty directory, serving
@@ -141,7 +148,7 @@ pub fn attach(
     let session = Session::from_fd(fs, relayed, fuser::SessionACL::All);
     let mut mounted = run_session(session, mountpoint.to_path_buf(), stats, span)?;
     mounted.connection = Some(copy);
-    mounted.attached = true;
+    mounted.unmounter = Some(Unmounter::Syscall);
     match std::fs::metadata(mountpoint) {
         Ok(meta) => mounted.dev = meta.dev(),
         Err(e) => return Err(Error::io("stat taken-over mount", mountpoint, e)),
@@ -180,11 +187,10 @@ fn run_session(
     Ok(Mounted {
         mountpoint,
         dev: 0,
-        unmounter: Some(unmounter),
+        unmounter: Some(Unmounter::Fuser(unmounter)),
         session: Some(thread),
         ended,
         connection: None,
-        attached: false,
         stats,
         span,
     })
@@ -261,19 +267,23 @@ impl Mounted {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let Some(mut unmounter) = self.unmounter.take() else {
+        let Some(unmounter) = self.unmounter.take() else {
             return Ok(());
         };
         let span = self.span.clone();
         let _entered = span.enter();
         // umount(2), unless the session already ended; fuser only logs a failure.
-        if self.attached {
-            let _ = rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty());
-        } else {
-            let _ = unmounter.unmount();
+        match unmounter {
+            Unmounter::Syscall => {
+                let _ =
+                    rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty());
+            }
+            Unmounter::Fuser(mut unmounter) => {
+                let _ = unmounter.unmount();
+            }
         }
         if self.still_mounted() {
-            lazy_unmount(&self.mountpoint)?;
+            mount_table::lazy_unmount(&self.mountpoint)?;
             // The session lives on for the processes inside; its thread ends with them.
             self.session = None;
             tracing::warn!(
@@ -302,7 +312,7 @@ impl Mounted {
 
     /// Whether our filesystem is still mounted at the mount point (this process's view).
     fn still_mounted(&self) -> bool {
-        match std::fs::read_to_string("/proc/self/mountinfo") {
+        match mount_table::read() {
             Ok(table) => mounted_in(&table, self.dev, &self.mountpoint),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read /proc/self/mountinfo; assuming unmounted");
@@ -320,73 +330,12 @@ impl Drop for Mounted {
     }
 }
 
-/// Detaches a busy mount: gone from the namespace now, alive for the processes using it.
-fn lazy_unmount(mountpoint: &Path) -> Result<()> {
-    let out = Command::new("fusermount3")
-        .args(["-u", "-z", "--"])
-        .arg(mountpoint)
-        .output()
-        .map_err(|e| {
-            Error::io(
-                "run fusermount3 -u -z (apt-get install fuse3) for",
-                mountpoint,
-                e,
-            )
-        })?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(Error::io(
-        "unmount (fusermount3 -u -z)",
-        mountpoint,
-        io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-    ))
-}
-
-/// Whether a `/proc/*/mountinfo` text has a mount of device `dev` at `mountpoint`.
-fn mounted_in(mountinfo: &str, dev: u64, mountpoint: &Path) -> bool {
-    let dev = format!("{}:{}", major(dev), minor(dev));
-    let mountpoint = mountpoint.as_os_str().as_encoded_bytes();
-    mountinfo.lines().any(|line| {
-        // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-        let mut fields = line.split(' ');
-        fields.nth(2) == Some(dev.as_str())
-            && fields.nth(1).is_some_and(|m| unescape(m) == mountpoint)
-    })
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo` octal.
-pub(super) fn unescape(field: &str) -> Vec<u8> {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|_| bytes[i] == b'\\')
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match octal {
-            Some(b) => {
-                out.push(b);
-                i += 4;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    out
-}
-
-/// glibc's `major` and `minor` of a 64-bit `dev_t`.
-fn major(dev: u64) -> u64 {
-    ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff)
-}
-
-fn minor(dev: u64) -> u64 {
-    (dev & 0xff) | ((dev >> 12) & !0xff)
+/// Whether mount-table `entries` have a mount of device `dev` at `mountpoint`.
+fn mounted_in(entries: &[MountEntry], dev: u64, mountpoint: &Path) -> bool {
+    let device = mount_table::device_of(dev);
+    entries
+        .iter()
+        .any(|m| m.device == device && m.mountpoint == mountpoint)
 }
 
 #[cfg(test)]
@@ -399,10 +348,10 @@ mod tests {
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 97 22 0:61 / /tmp/a\\040b ro,nosuid,nodev,noatime - fuse.tessera tessera:img ro
 ";
+        let table = mount_table::parse(table);
         let dev = 61; // makedev(0, 61)
-        assert!(mounted_in(table, dev, Path::new("/tmp/a b")));
-        assert!(!mounted_in(table, dev, Path::new("/tmp/a")));
-        assert!(!mounted_in(table, dev + 1, Path::new("/tmp/a b")));
-        assert_eq!((major(0x0803), minor(0x0803)), (8, 3));
+        assert!(mounted_in(&table, dev, Path::new("/tmp/a b")));
+        assert!(!mounted_in(&table, dev, Path::new("/tmp/a")));
+        assert!(!mounted_in(&table, dev + 1, Path::new("/tmp/a b")));
     }
 }

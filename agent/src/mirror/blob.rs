@@ -35,8 +35,8 @@ use tessera_proto::pb;
 use tokio::sync::mpsc;
 
 use super::access::{fingerprint, AccessKey};
-use super::pieces::{piece_key, Cut, Cutter, PIECE_SIZE};
 use super::{empty, error, relayed, Mirror, Response, Target, DOCKER_CONTENT_DIGEST};
+use crate::cache::pieces::{piece_key, Cut, Cutter, PIECE_SIZE};
 use crate::fetch::{self, Event, ForwardedOrigin, Origin, Source, Unit, Wanted};
 
 /// Pieces fetched ahead of the one being sent.

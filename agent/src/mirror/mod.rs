@@ -22,9 +22,6 @@
 
 mod access;
 mod blob;
-pub mod pieces;
-
-pub use pieces::{PieceTables, PIECE_SIZE};
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -43,6 +40,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::cache::pieces::PieceTables;
 use crate::config::MirrorConfig;
 use crate::fetch::{Fetcher, Source, SourceLabel};
 use crate::peer::Network;

@@ -5,9 +5,12 @@
 //! - [`network`]: membership in the swarm (register, heartbeat, announce what was
 //!   verified, report transfers, ask who holds a range) and the connections to other
 //!   agents. The fetcher (`crate::fetch`) uses it between the cache and the origin.
+//! - [`preheat`]: preheat jobs from heartbeat answers, queued for the daemon (which
+//!   owns the queue and runs them), and their progress back in heartbeats.
 //! - [`ring`]: consistent hashing of blobs over scheduler replicas.
 
 pub mod network;
+pub mod preheat;
 pub mod ring;
 pub mod server;
 

@@ -32,6 +32,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::config::P2pConfig;
+use crate::peer::preheat::{PreheatSender, Preheats};
 use crate::peer::ring::Ring;
 use crate::peer::PeerServer;
 use crate::{Error, Result};
@@ -60,12 +61,9 @@ pub struct Network {
     max_wait: Duration,
     state: Mutex<State>,
     peers: Mutex<HashMap<SocketAddr, PeerServiceClient<Authed>>>,
-    /// Preheat jobs from heartbeat answers, to the daemon (which takes the receiver).
-    preheat_tasks: tokio::sync::mpsc::UnboundedSender<pb::PreheatTask>,
-    preheat_receiver: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<pb::PreheatTask>>>,
-    /// Where this host's preheat jobs stand, sent with every heartbeat; the most recent
-    /// [`PREHEATS_REMEMBERED`].
-    preheats: Mutex<Vec<pb::PreheatProgress>>,
+    /// Preheat jobs from heartbeat answers (to the daemon's queue), and their progress
+    /// for heartbeats.
+    preheats: Preheats,
 }
 
 /// One scheduler replica and this host's membership in it.
@@ -80,9 +78,6 @@ struct Replica {
     /// A preheat job finished: heartbeat now rather than at the next beat.
     beat_now: AtomicBool,
 }
-
-/// Preheat jobs whose state this host keeps sending (oldest finished ones go first).
-const PREHEATS_REMEMBERED: usize = 64;
 
 #[derive(Debug, Default)]
 struct State {
@@ -209,9 +204,14 @@ impl PeerFailure {
 
 impl Network {
     /// Prepares to join the swarm `config` names; `server` is this agent's peer
-    /// service (its load goes into heartbeats). Nothing is sent until
-    /// [`spawn`](Self::spawn).
-    pub fn new(config: &P2pConfig, server: PeerServer) -> Result<Arc<Network>> {
+    /// service (its load goes into heartbeats); preheat jobs the scheduler hands out go
+    /// to `preheat_tasks` (see [`preheat::queue`](super::preheat::queue)). Nothing is
+    /// sent until [`spawn`](Self::spawn).
+    pub fn new(
+        config: &P2pConfig,
+        server: PeerServer,
+        preheat_tasks: PreheatSender,
+    ) -> Result<Arc<Network>> {
         let urls = config.scheduler_urls();
         if urls.is_empty() {
             return Err(Error::Agent("p2p: no scheduler configured".into()));
@@ -267,7 +267,6 @@ impl Network {
             upload_limit_bps: config.upload_bytes_per_sec,
             max_uploads: config.max_uploads,
         };
-        let (preheat_tasks, preheat_receiver) = tokio::sync::mpsc::unbounded_channel();
         let ring = Ring::new(&urls);
         let state = State {
             held: HashMap::new(),
@@ -293,63 +292,17 @@ impl Network {
             max_wait: Duration::from_secs(config.max_wait_secs),
             state: Mutex::new(state),
             peers: Mutex::new(HashMap::new()),
-            preheat_tasks,
-            preheat_receiver: Mutex::new(Some(preheat_receiver)),
-            preheats: Mutex::new(Vec::new()),
+            preheats: Preheats::new(preheat_tasks),
         }))
-    }
-
-    /// The preheat jobs the scheduler hands this host (once: the daemon runs them).
-    pub fn take_preheat_tasks(
-        &self,
-    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<pb::PreheatTask>> {
-        self.preheat_receiver
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
     }
 
     /// Records where a preheat job stands, for the next heartbeat (at once when it
     /// finished).
     pub fn preheat_progress(&self, progress: pb::PreheatProgress) {
-        let finished = progress.state != pb::PreheatState::Running as i32;
-        {
-            let mut all = self.preheats.lock().unwrap_or_else(|p| p.into_inner());
-            all.retain(|p| p.job_id != progress.job_id);
-            all.push(progress);
-            while all.len() > PREHEATS_REMEMBERED {
-                let oldest_finished = all
-                    .iter()
-                    .position(|p| p.state != pb::PreheatState::Running as i32)
-                    .unwrap_or(0);
-                all.remove(oldest_finished);
-            }
-        }
-        if finished {
+        if self.preheats.record(progress) {
             for replica in &self.replicas {
                 replica.beat_now.store(true, Ordering::Relaxed);
                 replica.wake.notify_one();
-            }
-        }
-    }
-
-    /// Takes the jobs in a heartbeat answer this host does not know yet.
-    fn start_preheats(&self, tasks: Vec<pb::PreheatTask>) {
-        for task in tasks {
-            {
-                let mut all = self.preheats.lock().unwrap_or_else(|p| p.into_inner());
-                if all.iter().any(|p| p.job_id == task.job_id) {
-                    continue;
-                }
-                all.push(pb::PreheatProgress {
-                    job_id: task.job_id.clone(),
-                    state: pb::PreheatState::Running.into(),
-                    ..Default::default()
-                });
-            }
-            tracing::info!(job = %task.job_id, image = %task.image, "preheat job received");
-            if self.preheat_tasks.send(task).is_err() {
-                tracing::warn!("a preheat job arrived but nothing runs preheat jobs here");
             }
         }
     }
@@ -534,11 +487,7 @@ impl Network {
     async fn heartbeat(&self, r: usize) {
         let replica = &self.replicas[r];
         let uploads = u32::try_from(self.server.active_uploads()).unwrap_or(u32::MAX);
-        let preheats = self
-            .preheats
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let preheats = self.preheats.all();
         let answer = replica
             .client
             .clone()
@@ -551,7 +500,7 @@ impl Network {
             .await;
         match answer {
             Ok(a) if a.get_ref().reregister => self.lost(r, "the scheduler asked to re-register"),
-            Ok(a) => self.start_preheats(a.into_inner().preheats),
+            Ok(a) => self.preheats.start(a.into_inner().preheats),
             Err(e) => self.lost(r, e.message()),
         }
     }

@@ -16,8 +16,8 @@ use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::cache::pieces::PieceTables;
 use crate::cache::{ChunkCache, ChunkKey};
-use crate::mirror::PieceTables;
 
 /// Limits on what this node gives to peers.
 #[derive(Debug, Clone)]

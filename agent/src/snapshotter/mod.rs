@@ -32,6 +32,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
+/// What kind of failure a snapshot operation met (defined with the crate's error,
+/// which carries it).
+pub use crate::error::SnapshotCode as Code;
 pub use service::{listen, serve};
 use store::{Record, Store};
 
@@ -50,29 +53,6 @@ pub enum Kind {
     Active,
     /// A layer others are made from.
     Committed,
-}
-
-/// What kind of failure a snapshot operation met: containerd tells them apart (an
-/// "already exists" answer to `Prepare` means "skip this layer").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    NotFound,
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    Internal,
-}
-
-impl std::fmt::Display for Code {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Code::NotFound => "not found",
-            Code::AlreadyExists => "already exists",
-            Code::FailedPrecondition => "failed precondition",
-            Code::InvalidArgument => "invalid argument",
-            Code::Internal => "internal",
-        })
-    }
 }
 
 fn fail(code: Code, key: &str, reason: impl Into<String>) -> Error {

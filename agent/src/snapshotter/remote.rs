@@ -7,12 +7,13 @@
 //! without those labels, is an ordinary layer that containerd unpacks.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::daemon::{Agent, Attach};
-use crate::fs::handover::{fuse_mounted_at, Keeper};
+use crate::fs::handover::Keeper;
+use crate::fs::mount_table::{fuse_mounted_at, lazy_unmount};
 use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
 use crate::registry::reference::{Platform, Reference};
 use crate::Result;
@@ -48,7 +49,7 @@ pub struct Remote {
     agent: Arc<Agent>,
     /// Holds the mounts' FUSE connections while the agent restarts (absent: mounts
     /// do not outlive the agent).
-    keeper: Option<Keeper>,
+    keeper: Option<Arc<Keeper>>,
     /// Per manifest digest; only answers are kept (a failed fetch is tried again).
     manifests: Mutex<HashMap<String, Arc<LayerRoles>>>,
 }
@@ -57,7 +58,7 @@ impl Remote {
     pub fn new(agent: Arc<Agent>, keeper: Option<Keeper>) -> Remote {
         Remote {
             agent,
-            keeper,
+            keeper: keeper.map(Arc::new),
             manifests: Mutex::new(HashMap::new()),
         }
     }
@@ -138,33 +139,26 @@ impl Remote {
             .cloned()
     }
 
-    /// Mounts `image` (by digest) lazily at `dir`, through the agent, and gives the
-    /// keeper its connection.
+    /// Mounts `image` (by digest) lazily at `dir`, through the agent, handing it to
+    /// the keeper (if there is one) so it outlives this agent.
     pub async fn mount(&self, image: &str, dir: &Path) -> Result<()> {
-        let (status, connection) = self
-            .agent
-            .mount_with(image, dir, None, None, None, Attach::MountHandingOver)
+        let attach = match &self.keeper {
+            Some(keeper) => Attach::HandOver(keeper.clone()),
+            None => Attach::Mount,
+        };
+        self.agent
+            .mount_with(image, dir, None, None, None, attach)
             .await?;
-        if let (Some(keeper), Some(connection)) = (&self.keeper, connection) {
-            match keeper.hold(&status.mountpoint, connection.as_fd()) {
-                Ok(()) => self.agent.set_kept(&status.mountpoint),
-                Err(e) => {
-                    tracing::warn!(mountpoint = %status.mountpoint.display(), error = %e, "the FUSE keeper did not take the mount: it will not outlive this agent")
-                }
-            }
-        }
         Ok(())
     }
 
-    /// Unmounts what [`mount`](Self::mount) mounted at `dir`; failures are logged.
+    /// Unmounts what [`mount`](Self::mount) mounted at `dir` (the agent lets the
+    /// keeper go of it); failures are logged.
     pub async fn unmount(&self, dir: &Path) {
-        if let Some(keeper) = &self.keeper {
-            if let Err(e) = keeper.release(dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "the FUSE keeper did not let go of a mount");
-            }
-        }
         if let Err(e) = self.agent.umount(dir).await {
             tracing::warn!(dir = %dir.display(), error = %e, "could not unmount a Tessera image snapshot");
+            // Not the agent's: whatever the keeper holds there is stray.
+            self.release(dir);
         }
     }
 
@@ -184,15 +178,17 @@ impl Remote {
     /// noticed; `true`), else mounting it anew (`false`).
     pub async fn restore(&self, image: &str, dir: &Path, held: Option<OwnedFd>) -> Result<bool> {
         let alive = fuse_mounted_at(dir);
-        if let (Some(connection), true) = (held, alive) {
-            let attach = Attach::TakeOver(connection);
+        if let (Some(connection), true, Some(keeper)) = (held, alive, &self.keeper) {
+            let attach = Attach::TakeOver {
+                connection,
+                keeper: keeper.clone(),
+            };
             match self
                 .agent
                 .mount_with(image, dir, None, None, None, attach)
                 .await
             {
                 Ok(_) => {
-                    self.agent.set_kept(dir);
                     tracing::info!(mountpoint = %dir.display(), image, "took over the mount the previous agent left");
                     return Ok(true);
                 }
@@ -206,10 +202,9 @@ impl Remote {
             if let Some(keeper) = &self.keeper {
                 let _ = keeper.release(dir);
             }
-            let _ = std::process::Command::new("fusermount3")
-                .args(["-u", "-z", "--"])
-                .arg(dir)
-                .status();
+            if let Err(e) = lazy_unmount(dir) {
+                tracing::warn!(error = %e, "could not detach a mount nobody serves");
+            }
         }
         self.mount(image, dir).await.map(|()| false)
     }
