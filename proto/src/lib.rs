@@ -4,10 +4,12 @@
 //! [`pb`] holds the generated messages and services. [`domain`] holds the checked types
 //! the scheduler and agents work with: each is made from its message with `TryFrom` on
 //! the receiving side, and a bad message is an [`Invalid`] naming the field, which
-//! becomes `invalid_argument` at the gRPC boundary.
+//! becomes `invalid_argument` at the gRPC boundary. [`ranges`] is the arithmetic on
+//! sets of byte ranges (merge, cover, subtract) that both sides of announcements use.
 
 pub mod auth;
 pub mod domain;
+pub mod ranges;
 pub mod tls;
 
 /// Generated from `tessera.proto`.

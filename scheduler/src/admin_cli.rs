@@ -59,7 +59,7 @@ enum Action {
     Preheat {
         /// A Tessera image reference.
         image: String,
-        /// How many hosts (default: every host that matches).
+        /// How many hosts, at most 100000 (default: every host that matches).
         #[arg(long)]
         count: Option<usize>,
         /// Only hosts with this label (repeatable), e.g. `--label zone=eu-1a`.
@@ -68,7 +68,8 @@ enum Action {
         /// `os/arch[/variant]` (default: each host's own).
         #[arg(long)]
         platform: Option<String>,
-        /// Hosts that have not finished after this long fail (default: an hour).
+        /// Hosts that have not finished after this long fail: at most 86400, a day
+        /// (default: an hour).
         #[arg(long, value_name = "SECONDS")]
         timeout_secs: Option<u64>,
         /// Wait for the job to finish, showing its progress; fail if it fails.

@@ -22,6 +22,19 @@ use crate::Error;
 /// request says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// The longest deadline a request may ask for: a day. A job that has not finished by
+/// then is stuck, and a deadline far in the future would keep it (and its hosts'
+/// parts) unfinished for good.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// The most hosts a request may name in `count`: ten times the swarm the scheduler is
+/// sized for (10,000 hosts). Every matching host, however many, is asked for by
+/// leaving `count` out.
+pub const MAX_COUNT: usize = 100_000;
+
+/// The longest image reference accepted (before it is parsed).
+pub const MAX_IMAGE_LEN: usize = 1024;
+
 /// Finished jobs kept for queries; older ones are forgotten first.
 const KEEP_FINISHED: usize = 1000;
 
@@ -96,15 +109,19 @@ pub struct Job {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PreheatRequest {
+    /// An OCI image reference, at most [`MAX_IMAGE_LEN`] characters.
     pub image: String,
-    /// How many hosts; all that match when absent.
+    /// How many hosts (1 to [`MAX_COUNT`]); all that match when absent.
     #[serde(default)]
     pub count: Option<usize>,
     /// Only hosts with all these labels (`zone`, `rack`, …).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// `os/arch[/variant]`; each host's own when absent.
     #[serde(default)]
     pub platform: Option<String>,
+    /// Seconds until unfinished hosts fail (1 to [`MAX_TIMEOUT`]); [`DEFAULT_TIMEOUT`]
+    /// when absent.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
 }
@@ -137,11 +154,15 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A light check of an image reference: agents parse it fully (and fail the job with
-/// their reason); this catches what can never be one, before hosts are bothered.
+/// Checks the image as agents will read it (the same parser: `oci-reference`), so a job
+/// for something that can never be an image is refused before any host is bothered.
+/// The characters are checked first, to say which one is wrong.
 fn check_image(image: &str) -> Result<(), String> {
-    if image.is_empty() || image.len() > 1024 {
-        return Err("image: must be a reference of 1 to 1024 characters".into());
+    if image.is_empty() || image.len() > MAX_IMAGE_LEN {
+        return Err(format!(
+            "image: must be a reference of 1 to {MAX_IMAGE_LEN} characters, not {}",
+            image.len()
+        ));
     }
     if let Some(c) = image
         .chars()
@@ -149,22 +170,39 @@ fn check_image(image: &str) -> Result<(), String> {
     {
         return Err(format!("image: {c:?} cannot appear in an image reference"));
     }
-    if image.starts_with('/') || image.ends_with('/') || image.contains("//") {
-        return Err(format!("image: {image:?} is not an image reference"));
-    }
-    Ok(())
+    oci_reference::Reference::parse(image)
+        .map(drop)
+        .map_err(|e| format!("image: {e}"))
 }
 
 fn check_platform(platform: &str) -> Result<(), String> {
-    let parts: Vec<&str> = platform.split('/').collect();
-    let ok = (2..=3).contains(&parts.len())
-        && parts
-            .iter()
-            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("platform: {platform:?} is not os/arch[/variant]"))
+    platform
+        .parse::<oci_reference::Platform>()
+        .map(drop)
+        .map_err(|_| format!("platform: {platform:?} is not os/arch[/variant]"))
+}
+
+impl PreheatRequest {
+    /// Checks every field against its bound (documented in
+    /// `docs/scheduler-admin-api.yaml`); answers the deadline in seconds.
+    fn check(&self) -> Result<u64, String> {
+        check_image(&self.image)?;
+        if let Some(p) = &self.platform {
+            check_platform(p)?;
+        }
+        if let Some(count) = self.count {
+            if !(1..=MAX_COUNT).contains(&count) {
+                return Err(format!("count: must be 1 to {MAX_COUNT}, not {count}"));
+            }
+        }
+        let max = MAX_TIMEOUT.as_secs();
+        let timeout_secs = self.timeout_secs.unwrap_or(DEFAULT_TIMEOUT.as_secs());
+        if !(1..=max).contains(&timeout_secs) {
+            return Err(format!(
+                "timeout_secs: must be 1 to {max} (24 h), not {timeout_secs}"
+            ));
+        }
+        Ok(timeout_secs)
     }
 }
 
@@ -196,17 +234,7 @@ impl Preheats {
         request: PreheatRequest,
         candidates: Vec<(String, BTreeMap<String, String>)>,
     ) -> Result<Job, Refusal> {
-        check_image(&request.image).map_err(Refusal::Invalid)?;
-        if let Some(p) = &request.platform {
-            check_platform(p).map_err(Refusal::Invalid)?;
-        }
-        if request.count == Some(0) {
-            return Err(Refusal::Invalid("count: must be at least 1".into()));
-        }
-        let timeout_secs = request.timeout_secs.unwrap_or(DEFAULT_TIMEOUT.as_secs());
-        if timeout_secs == 0 {
-            return Err(Refusal::Invalid("timeout_secs: must be at least 1".into()));
-        }
+        let timeout_secs = request.check().map_err(Refusal::Invalid)?;
         let mut matching: Vec<String> = candidates
             .into_iter()
             .filter(|(_, labels)| {
@@ -588,6 +616,80 @@ mod tests {
             p.create(bad_platform, hosts(1)),
             Err(Refusal::Invalid(_))
         ));
+    }
+
+    fn refusal(p: &mut Preheats, request: PreheatRequest) -> String {
+        match p.create(request, hosts(3)) {
+            Err(Refusal::Invalid(why)) => why,
+            other => panic!("not refused as invalid: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_image_that_is_no_oci_reference_is_refused_with_the_parsers_reason() {
+        let mut p = Preheats::open(None).unwrap();
+        for (bad, reason) in [
+            (
+                "../../etc/passwd",
+                "the registry host is not a valid host[:port]",
+            ),
+            ("reg.example/App:v1", "repository components are lowercase"),
+            ("reg.example/app:-v1", "a tag is"),
+            ("reg.example/app@sha256:abc", "the digest must be"),
+            ("reg.example/app;rm -rf", "cannot appear"),
+        ] {
+            let why = refusal(&mut p, request(bad, None));
+            assert!(why.starts_with("image: "), "{why}");
+            assert!(why.contains(reason), "{bad}: {why}");
+            if !reason.contains("appear") {
+                assert!(why.contains(&format!("{bad:?}")), "{why}");
+            }
+        }
+        let long = format!("reg.example/{}", "a".repeat(MAX_IMAGE_LEN));
+        let why = refusal(&mut p, request(&long, None));
+        assert!(why.contains(&format!("not {}", long.len())), "{why}");
+        // What agents accept is accepted: Docker Hub short names, ports, digests.
+        let digest = format!("sha256:{}", "0".repeat(64));
+        for good in [
+            "alpine".to_string(),
+            "127.0.0.1:5000/team/app:v1.4.2".to_string(),
+            format!("reg.example/app@{digest}"),
+        ] {
+            assert!(
+                p.create(request(&good, Some(1)), hosts(3)).is_ok(),
+                "{good}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_and_timeouts_out_of_bounds_are_refused_naming_field_and_value() {
+        let mut p = Preheats::open(None).unwrap();
+        for count in [0, MAX_COUNT + 1, usize::MAX] {
+            let why = refusal(&mut p, request("reg/app:v1", Some(count)));
+            assert!(why.starts_with("count: "), "{why}");
+            assert!(why.ends_with(&format!("not {count}")), "{why}");
+        }
+        // Within bounds but more than there are hosts: a conflict, not a bad request.
+        assert!(matches!(
+            p.create(request("reg/app:v1", Some(MAX_COUNT)), hosts(3)),
+            Err(Refusal::NotEnoughHosts(_))
+        ));
+        let with_timeout = |secs: u64| PreheatRequest {
+            timeout_secs: Some(secs),
+            ..request("reg/app:v1", None)
+        };
+        for secs in [0, MAX_TIMEOUT.as_secs() + 1, u64::MAX] {
+            let why = refusal(&mut p, with_timeout(secs));
+            assert!(why.starts_with("timeout_secs: "), "{why}");
+            assert!(why.ends_with(&format!("not {secs}")), "{why}");
+        }
+        for secs in [1, MAX_TIMEOUT.as_secs()] {
+            let job = p.create(with_timeout(secs), hosts(3)).unwrap();
+            assert_eq!(job.timeout_secs, secs);
+        }
+        let job = p.create(request("reg/app:v1", None), hosts(3)).unwrap();
+        assert_eq!(job.timeout_secs, DEFAULT_TIMEOUT.as_secs());
     }
 
     #[test]

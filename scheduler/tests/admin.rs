@@ -445,6 +445,57 @@ fn malformed_unknown_and_oversized_requests_get_4xx_with_a_reason() {
 }
 
 #[test]
+fn preheat_requests_with_nonsense_values_get_400_naming_the_field_and_value() {
+    let s = Scheduler::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut c = s.client().await;
+        populate(&mut c, &["h1", "h2"]).await;
+    });
+    // Hosts are there, so each of these would have been a job had it not been refused.
+    let cases = [
+        (
+            r#"{"image": "../../etc/passwd"}"#,
+            r#"image: invalid image reference "../../etc/passwd": the registry host"#,
+        ),
+        (
+            r#"{"image": "reg.example/App:v1"}"#,
+            "image: invalid image reference \"reg.example/App:v1\": repository components",
+        ),
+        (
+            r#"{"image": "reg.example/app:v1", "timeout_secs": 18446744073709551615}"#,
+            "timeout_secs: must be 1 to 86400 (24 h), not 18446744073709551615",
+        ),
+        (
+            r#"{"image": "reg.example/app:v1", "timeout_secs": 0}"#,
+            "timeout_secs: must be 1 to 86400 (24 h), not 0",
+        ),
+        (
+            r#"{"image": "reg.example/app:v1", "count": 100001}"#,
+            "count: must be 1 to 100000, not 100001",
+        ),
+    ];
+    for (body, reason) in cases {
+        let (status, answer) = s.post("/api/v1/preheat", ADMIN_TOKEN, body);
+        assert_eq!(status, 400, "{body}: {answer}");
+        let why = answer["error"].as_str().unwrap_or_default();
+        assert!(why.contains(reason), "{body}: {why}");
+    }
+    assert_eq!(
+        s.get("/api/v1/preheat", ADMIN_TOKEN).1,
+        serde_json::json!([])
+    );
+    // At the bound it is a job.
+    let (status, job) = s.post(
+        "/api/v1/preheat",
+        ADMIN_TOKEN,
+        r#"{"image": "reg.example/app:v1", "timeout_secs": 86400}"#,
+    );
+    assert_eq!(status, 202, "{job}");
+    assert_eq!(job["timeout_secs"], 86400);
+}
+
+#[test]
 fn preheat_jobs_reach_the_chosen_hosts_and_end_with_their_reports() {
     let mut s = Scheduler::start();
     let rt = runtime();

@@ -1,0 +1,365 @@
+//! The answer to "who has this range": usable holders of it ranked (those holding all
+//! of it first, then same zone, spare upload slots, speed, reliability, and not the one
+//! just offered to everyone), or, when nobody holds any of it, origin single flight: a
+//! few hosts go to the origin and the rest are told to wait and ask again.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tessera_proto::domain::{ByteRange, FindPeers, HostId};
+use tessera_proto::ranges::{covered, overlaps};
+
+use super::{BlobIx, Flight, HostState, Slot, Swarm, UnknownHost};
+
+/// The scheduler's answer to "who has this range".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Fetch from these, in order.
+    Peers(Vec<(HostId, SocketAddr)>),
+    /// Nobody holds it: this host is one of the few to fetch it from the origin.
+    Origin,
+    /// Others are fetching it from the origin: ask again after this long.
+    Wait(Duration),
+}
+
+impl Swarm {
+    /// Who should serve `f.range` of `f.blob` to `f.host`: holders of it (those holding
+    /// all of it first, then by score), or — when nobody holds any of it — the origin
+    /// for a few hosts and a short wait for the rest.
+    pub fn find_peers(&mut self, f: &FindPeers, now: Instant) -> Result<Decision, UnknownHost> {
+        let decision = self.decide(f, now)?;
+        let c = &mut self.counters;
+        match decision {
+            Decision::Peers(_) => c.lookups_peers += 1,
+            Decision::Origin => c.lookups_origin += 1,
+            Decision::Wait(_) => c.lookups_wait += 1,
+        }
+        Ok(decision)
+    }
+
+    fn decide(&mut self, f: &FindPeers, now: Instant) -> Result<Decision, UnknownHost> {
+        let me = self.live_slot(&f.host, now)?;
+        let zone = self.state_mut(me).host.labels.get("zone").cloned();
+        let ix = self.blob_ix(&f.blob, me);
+        self.cursor = self.cursor.wrapping_add(1);
+        let candidates = self.rank_holders(ix, me, f.range, zone.as_deref(), now);
+        let Some(&first) = candidates.first() else {
+            return Ok(self.origin_or_wait(ix, me, f.range, now));
+        };
+        self.state_mut(first).offered += 1;
+        let peers = candidates
+            .iter()
+            .filter_map(|slot| self.state(*slot))
+            .map(|h| (h.host.id.clone(), h.host.address))
+            .collect();
+        Ok(Decision::Peers(peers))
+    }
+
+    /// The best usable holders of any of `range` of blob `ix` for `me`, best first, at
+    /// most `peers_returned`; ranked from a sample that starts somewhere new each time
+    /// and stops once it holds `sample` hosts, or after a bounded number of entries.
+    fn rank_holders(
+        &self,
+        ix: BlobIx,
+        me: Slot,
+        range: ByteRange,
+        zone: Option<&str>,
+        now: Instant,
+    ) -> Vec<Slot> {
+        let config = &self.config;
+        let blob = &self.blobs[ix as usize];
+        let want = range.end - range.start;
+        let n = blob.holders.len();
+        let start = if n == 0 {
+            0
+        } else {
+            (self.cursor.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n as u64) as usize
+        };
+        let mut candidates: Vec<(bool, f64, Slot)> = Vec::new();
+        for k in 0..n.min(config.sample * 16) {
+            let (slot, ranges) = &blob.holders[(start + k) % n];
+            if *slot == me {
+                continue;
+            }
+            let held = covered(ranges, range);
+            if held == 0 {
+                continue;
+            }
+            let Some(h) = self.state(*slot) else {
+                continue;
+            };
+            let usable = h.expires > now
+                && h.verification_failures < config.verification_failure_limit
+                && h.resting_until.is_none_or(|t| t <= now)
+                && !h.draining
+                && !self.blocked.contains(&h.host.id);
+            if usable {
+                candidates.push((held == want, score(h, zone), *slot));
+                if candidates.len() >= config.sample {
+                    break;
+                }
+            }
+        }
+        candidates.sort_by(|a, b| {
+            b.0.cmp(&a.0)
+                .then_with(|| b.1.total_cmp(&a.1))
+                .then_with(|| a.2.cmp(&b.2))
+        });
+        candidates.truncate(config.peers_returned);
+        candidates.into_iter().map(|(_, _, slot)| slot).collect()
+    }
+
+    /// Nobody holds any of `range`: only a few hosts go to the origin; the others wait
+    /// for them. Flights older than `origin_timeout` are presumed failed.
+    fn origin_or_wait(&mut self, ix: BlobIx, me: Slot, range: ByteRange, now: Instant) -> Decision {
+        let (fetchers, timeout, wait) = (
+            self.config.origin_fetchers,
+            self.config.origin_timeout,
+            self.config.wait,
+        );
+        let blob = &mut self.blobs[ix as usize];
+        blob.flights
+            .retain(|fl| now.duration_since(fl.started) <= timeout);
+        // Asking again keeps one's own flight alive: an agent streaming a whole large
+        // blob from the origin (the registry mirror) asks every few seconds.
+        if let Some(mine) = blob
+            .flights
+            .iter_mut()
+            .find(|fl| fl.host == me && overlaps(fl.range, range))
+        {
+            mine.started = now;
+            return Decision::Origin;
+        }
+        let mut others: Vec<Slot> = Vec::new();
+        for fl in blob.flights.iter().filter(|fl| overlaps(fl.range, range)) {
+            if !others.contains(&fl.host) {
+                others.push(fl.host);
+            }
+        }
+        if others.len() < fetchers {
+            blob.flights.push(Flight {
+                range,
+                host: me,
+                started: now,
+            });
+            return Decision::Origin;
+        }
+        Decision::Wait(wait)
+    }
+}
+
+/// Higher is better: same zone, spare upload slots, fast, reliable, not just offered.
+fn score(h: &HostState, zone: Option<&str>) -> f64 {
+    let same_zone = zone.is_some() && h.host.labels.get("zone").map(String::as_str) == zone;
+    let free = f64::from(h.host.max_uploads.saturating_sub(h.active_uploads))
+        / f64::from(h.host.max_uploads.max(1));
+    let speed = (h.speed / 1e6).min(1000.0).ln_1p() / 1000f64.ln_1p();
+    let reliability = 1.0 / (1.0 + f64::from(h.consecutive_failures));
+    let recently_offered = f64::from(h.offered);
+    (if same_zone { 2.0 } else { 0.0 }) + free + speed + reliability - 0.5 * recently_offered
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use tessera_proto::domain::{Outcome, Transfer};
+
+    use super::super::testing::{announce, blob, find, host};
+    use super::super::SwarmConfig;
+    use super::*;
+
+    #[test]
+    fn origin_single_flight_then_peers() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..10 {
+            s.register(host(&format!("h{i}"), "a"), now);
+        }
+        let decisions: Vec<Decision> = (0..10)
+            .map(|i| s.find_peers(&find(&format!("h{i}"), 0, 100), now).unwrap())
+            .collect();
+        let origin = decisions.iter().filter(|d| **d == Decision::Origin).count();
+        assert_eq!(origin, 1, "{decisions:?}");
+        assert!(
+            decisions
+                .iter()
+                .filter(|d| matches!(d, Decision::Wait(_)))
+                .count()
+                == 9
+        );
+        // The first fetcher announces: everyone else is sent to it.
+        announce(&mut s, "h0", 0, 4096, now);
+        match s.find_peers(&find("h5", 0, 100), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("h0".into())),
+            d => panic!("{d:?}"),
+        }
+        // A partial holder is offered for what it has (the agent asks again for the
+        // rest); a range nobody holds any of goes to the origin.
+        match s.find_peers(&find("h5", 4000, 5000), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("h0".into())),
+            d => panic!("{d:?}"),
+        }
+        assert_eq!(
+            s.find_peers(&find("h5", 4096, 5000), now).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    #[test]
+    fn asking_again_keeps_an_origin_flight_alive() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..2 {
+            s.register(host(&format!("h{i}"), "a"), now);
+        }
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 100), now).unwrap(),
+            Decision::Origin
+        );
+        // h0 streams a large blob for 40 s, asking again every 5 s: h1 keeps waiting.
+        for step in 1..=8 {
+            let t = now + Duration::from_secs(5 * step);
+            for i in 0..2 {
+                s.heartbeat(&HostId(format!("h{i}")), 0, t).unwrap();
+            }
+            assert_eq!(
+                s.find_peers(&find("h0", 0, 100), t).unwrap(),
+                Decision::Origin
+            );
+            assert!(matches!(
+                s.find_peers(&find("h1", 0, 100), t).unwrap(),
+                Decision::Wait(_)
+            ));
+        }
+        // Once h0 stops asking, its flight times out and h1 may go.
+        let t = now + Duration::from_secs(40 + 11);
+        s.heartbeat(&HostId("h1".into()), 0, t).unwrap();
+        assert_eq!(
+            s.find_peers(&find("h1", 0, 100), t).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    #[test]
+    fn overlapping_ranges_share_one_origin_fetch() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..4 {
+            s.register(host(&format!("h{i}"), "a"), now);
+        }
+        // Runs start and end at different chunks on different hosts.
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        for (id, start, end) in [("h1", 500, 1500), ("h2", 900, 1000), ("h3", 0, 10)] {
+            assert!(
+                matches!(
+                    s.find_peers(&find(id, start, end), now).unwrap(),
+                    Decision::Wait(_)
+                ),
+                "{id} was not told to wait"
+            );
+        }
+        // Asking again, the fetcher is still the fetcher.
+        assert_eq!(
+            s.find_peers(&find("h0", 0, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        // A range beyond every flight goes to the origin at once.
+        assert_eq!(
+            s.find_peers(&find("h1", 1000, 1500), now).unwrap(),
+            Decision::Origin
+        );
+        // The fetch fails and is reported: the next asker may go to the origin.
+        let failed = Transfer {
+            peer: None,
+            blob: blob(),
+            range: ByteRange {
+                start: 0,
+                end: 1000,
+            },
+            bytes: 0,
+            duration_us: 5,
+            outcome: Outcome::Connection,
+        };
+        s.report(&HostId("h0".into()), &[failed], now).unwrap();
+        assert_eq!(
+            s.find_peers(&find("h2", 900, 1000), now).unwrap(),
+            Decision::Origin
+        );
+        // h2 announces: its flight ends and h3 is sent to it for the part it holds.
+        announce(&mut s, "h2", 900, 1000, now);
+        match s.find_peers(&find("h3", 0, 1000), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("h2".into())),
+            d => panic!("{d:?}"),
+        }
+        // A flight whose host went silent times out.
+        let later = now + Duration::from_secs(11);
+        for i in 0..4 {
+            s.heartbeat(&HostId(format!("h{i}")), 0, later).unwrap();
+        }
+        assert_eq!(
+            s.find_peers(&find("h3", 1000, 1500), later).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    #[test]
+    fn a_hot_range_is_spread_over_its_holders() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for i in 0..14 {
+            s.register(host(&format!("h{i:02}"), "a"), now);
+        }
+        for i in 0..4 {
+            announce(&mut s, &format!("h{i:02}"), 0, 1 << 20, now);
+        }
+        let mut firsts = HashMap::new();
+        for i in 4..14 {
+            let Decision::Peers(p) = s
+                .find_peers(&find(&format!("h{i:02}"), 0, 4096), now)
+                .unwrap()
+            else {
+                panic!()
+            };
+            *firsts.entry(p[0].0.clone()).or_insert(0) += 1;
+        }
+        assert_eq!(
+            firsts.len(),
+            4,
+            "10 askers were not spread over 4 holders: {firsts:?}"
+        );
+        assert!(firsts.values().all(|&n| n <= 3), "{firsts:?}");
+    }
+
+    #[test]
+    fn load_spreads_and_zones_come_first() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for (id, zone) in [("p1", "a"), ("p2", "a"), ("p3", "b"), ("me", "a")] {
+            s.register(host(id, zone), now);
+        }
+        for p in ["p1", "p2", "p3"] {
+            announce(&mut s, p, 0, 100, now);
+        }
+        let mut firsts = HashSet::new();
+        for _ in 0..6 {
+            let Decision::Peers(p) = s.find_peers(&find("me", 0, 100), now).unwrap() else {
+                panic!()
+            };
+            assert_ne!(
+                p.iter().position(|x| x.0 .0 == "p3"),
+                Some(0),
+                "another zone came first"
+            );
+            firsts.insert(p[0].0.clone());
+        }
+        assert_eq!(
+            firsts.len(),
+            2,
+            "the hot range always went to the same peer: {firsts:?}"
+        );
+    }
+}
