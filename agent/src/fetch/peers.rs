@@ -224,7 +224,10 @@ impl Fetcher {
         let started = Instant::now();
         let mut got: Vec<(usize, super::Fetched)> = Vec::new();
         let mut failure = None;
-        let algo = run[wanted_here[0]].unit.key.algo;
+        let Some(&first) = wanted_here.first() else {
+            return Slice { peer, got, failure };
+        };
+        let algo = run[first].unit.key.algo;
         let digests = wanted_here
             .iter()
             .map(|&i| run[i].unit.key.digest)
