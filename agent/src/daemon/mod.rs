@@ -10,12 +10,16 @@
 
 mod lifecycle;
 pub mod local_api;
+mod metrics;
 mod mounts;
 mod preheat;
+mod root;
 mod stale;
 
-pub use lifecycle::Attach;
+pub use crate::fs::handover::Attach;
+pub use metrics::serve_metrics;
 pub use mounts::{MountStatus, Recorder};
+pub use root::{node_client, run, Listeners};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -154,13 +158,14 @@ impl std::fmt::Display for Status {
     }
 }
 
-/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm; the
-/// preheat jobs the scheduler hands out go to `preheat_tasks`.
+/// Starts serving peers from `cache` on `listener` (bound to `p2p.peer_listen`) and
+/// joins the swarm; the preheat jobs the scheduler hands out go to `preheat_tasks`.
 fn join_swarm(
     p2p: &P2pConfig,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
     preheat_tasks: PreheatSender,
+    listener: tokio::net::TcpListener,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
@@ -181,10 +186,6 @@ fn join_swarm(
         },
     )
     .with_piece_tables(tables);
-    let listener = std::net::TcpListener::bind(&p2p.peer_listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(tokio::net::TcpListener::from_std)
-        .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
     let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
@@ -197,43 +198,15 @@ fn join_swarm(
     Ok((network, vec![serving, membership]))
 }
 
-/// Serves Prometheus text on `GET /metrics` (and `GET /healthz`) until dropped.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = stream.read(&mut buf).await.unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/metrics" => {
-                    let mut text = String::new();
-                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                        Ok(()) => ("200 OK", text),
-                        Err(_) => ("500 Internal Server Error", String::new()),
-                    }
-                }
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                _ => ("404 Not Found", String::new()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
-    }
-}
-
 impl Agent {
     /// Opens the cache (checking it), clears mounts a crashed agent left behind, and
-    /// prepares to serve. Call from inside the runtime the agent will use.
-    pub fn start(config: AgentConfig, client: Arc<RegistryClient>) -> Result<Arc<Agent>> {
+    /// prepares to serve; with P2P on, serves peers on `peer` (which the caller bound
+    /// to `p2p.peer_listen`). Call from inside the runtime the agent will use.
+    pub fn start(
+        config: AgentConfig,
+        client: Arc<RegistryClient>,
+        peer: Option<tokio::net::TcpListener>,
+    ) -> Result<Arc<Agent>> {
         if let Err(problems) = config.validate() {
             return Err(Error::Agent(format!(
                 "invalid configuration:\n  {}",
@@ -275,8 +248,13 @@ impl Agent {
         let mut p2p_tasks = Vec::new();
         let mut preheat_jobs = None;
         if config.p2p.active() {
+            let listener = peer.ok_or(Error::Listener {
+                setting: "p2p.peer_listen",
+                problem: "set, but no listener for it was given to the agent",
+            })?;
             let (sender, receiver) = crate::peer::preheat::queue();
-            let (joined, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone(), sender)?;
+            let (joined, tasks) =
+                join_swarm(&config.p2p, cache.clone(), tables.clone(), sender, listener)?;
             fetcher = fetcher.with_peers(joined.clone());
             network = Some(joined);
             p2p_tasks = tasks;

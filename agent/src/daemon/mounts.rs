@@ -15,10 +15,11 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use rafs_format::reader::{Bootstrap, FileKind};
 use serde::{Deserialize, Serialize};
 
-use super::lifecycle::{Attach, Mount};
+use super::lifecycle::Mount;
 use super::Agent;
 use crate::config::Prefetch;
 use crate::fetch::{Fetcher, ImageChunks, PullSummary, RegistryOrigin, Wanted};
+use crate::fs::handover::Attach;
 use crate::fs::{self, ChunkReader, MountOptions};
 use crate::registry::image as registry_image;
 use crate::registry::reference::{Platform, Reference};
