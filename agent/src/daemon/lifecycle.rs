@@ -23,7 +23,7 @@ use std::time::SystemTime;
 
 use rafs_format::reader::Bootstrap;
 
-use super::mounts::MountedImage;
+use super::mounted::MountedImage;
 use super::MountStatus;
 use crate::fs::handover::{Attach, Keeper};
 use crate::fs::{self, ChunkReader, MountOptions, Mounted};

@@ -8,32 +8,38 @@
 //! Preheat jobs from the scheduler fetch whole images into the cache the same way,
 //! before anyone mounts them.
 
+mod collector;
 mod lifecycle;
 pub mod local_api;
 mod metrics;
+mod mounted;
 mod mounts;
+mod prefetch;
 mod preheat;
+mod recorder;
 mod root;
 mod stale;
+mod status;
 
 pub use crate::fs::handover::Attach;
 pub use metrics::serve_metrics;
-pub use mounts::{MountStatus, Recorder};
+pub use recorder::Recorder;
 pub use root::{node_client, run, Listeners};
+pub use status::{MountStatus, Status, SwarmStatus};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::api::Request;
 use crate::cache::pieces::PieceTables;
 use crate::cache::ChunkCache;
 use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
-use crate::mirror::{Mirror, MirrorStatus};
+use crate::mirror::Mirror;
 use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
@@ -61,101 +67,6 @@ pub struct Agent {
     /// The peer service and the membership task, when P2P is on (stopped at shutdown).
     p2p_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     mirror: Option<Arc<Mirror>>,
-}
-
-/// What `tessera status` shows.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Status {
-    pub uptime_seconds: f64,
-    pub mounts: Vec<MountStatus>,
-    pub cache: crate::cache::CacheStats,
-    /// Uncompressed bytes the current mounts got, by source.
-    pub bytes_by_source: HashMap<String, u64>,
-    /// P2P, when on.
-    #[serde(default)]
-    pub swarm: Option<SwarmStatus>,
-    /// The registry mirror, when on.
-    #[serde(default)]
-    pub mirror: Option<MirrorStatus>,
-}
-
-/// This agent in the swarm.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SwarmStatus {
-    pub host_id: String,
-    /// Whether the scheduler currently knows this agent (if not, chunks come from the
-    /// origin until it re-registers).
-    pub registered: bool,
-    /// Scheduler replicas that know this agent, of those configured.
-    #[serde(default)]
-    pub schedulers_registered: usize,
-    #[serde(default)]
-    pub schedulers: usize,
-    pub uploads_active: usize,
-    pub uploaded_bytes: u64,
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        writeln!(f, "agent up {:.0} s", self.uptime_seconds)?;
-        writeln!(
-            f,
-            "cache      {} chunks, {:.1} of {:.1} MiB; {} hits, {} misses, {} evictions",
-            self.cache.entries,
-            mib(self.cache.bytes),
-            mib(self.cache.capacity),
-            self.cache.hits,
-            self.cache.misses,
-            self.cache.evictions
-        )?;
-        let mut sources: Vec<_> = self.bytes_by_source.iter().collect();
-        sources.sort();
-        for (source, bytes) in sources {
-            writeln!(f, "bytes      {:.1} MiB from {source}", mib(*bytes))?;
-        }
-        if self.mounts.is_empty() {
-            writeln!(f, "no mounts")?;
-        }
-        if let Some(s) = &self.swarm {
-            writeln!(
-                f,
-                "swarm      {} as {}; {} uploads now, {:.1} MiB served to peers",
-                if !s.registered {
-                    "NOT registered (origin only until the scheduler answers)".to_string()
-                } else if s.schedulers > 1 {
-                    format!(
-                        "registered with {} of {} scheduler replicas",
-                        s.schedulers_registered, s.schedulers
-                    )
-                } else {
-                    "registered".to_string()
-                },
-                s.host_id,
-                s.uploads_active,
-                mib(s.uploaded_bytes)
-            )?;
-        }
-        if let Some(m) = &self.mirror {
-            let mut sources: Vec<_> = m.bytes_by_source.iter().collect();
-            sources.sort();
-            let sources: Vec<String> = sources
-                .into_iter()
-                .map(|(s, b)| format!("{:.1} MiB from {s}", mib(*b)))
-                .collect();
-            writeln!(
-                f,
-                "mirror     {} requests; blobs: {}; {} responses cut off (bad digest)",
-                m.requests,
-                sources.join(", "),
-                m.aborted_responses
-            )?;
-        }
-        for m in &self.mounts {
-            writeln!(f, "mount      {m}")?;
-        }
-        Ok(())
-    }
 }
 
 /// Starts serving peers from `cache` on `listener` (bound to `p2p.peer_listen`) and
@@ -315,7 +226,7 @@ impl Agent {
         if let Some(mirror) = &self.mirror {
             mirror.metrics.register(registry);
         }
-        registry.register_collector(Box::new(mounts::AgentCollector {
+        registry.register_collector(Box::new(collector::AgentCollector {
             agent: Arc::downgrade(self),
         }));
     }
@@ -343,36 +254,6 @@ impl Agent {
                 Ok(to_json(status))
             }
             Request::Status => Ok(to_json(self.status())),
-        }
-    }
-
-    pub fn status(&self) -> Status {
-        let mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut list: Vec<MountStatus> = mounts.values().map(|m| m.status()).collect();
-        list.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
-        let mut bytes_by_source = HashMap::new();
-        for m in &list {
-            *bytes_by_source.entry("cache".to_string()).or_insert(0) += m.pull.cache_bytes;
-            *bytes_by_source.entry("origin".to_string()).or_insert(0) += m.pull.origin_bytes;
-            *bytes_by_source.entry("peer".to_string()).or_insert(0) += m.pull.peer_bytes;
-        }
-        Status {
-            uptime_seconds: self.started.elapsed().as_secs_f64(),
-            mounts: list,
-            cache: self.cache.stats(),
-            bytes_by_source,
-            swarm: self.network.as_ref().map(|n| {
-                let (schedulers_registered, schedulers) = n.replicas_registered();
-                SwarmStatus {
-                    host_id: n.host_id().to_string(),
-                    registered: n.registered(),
-                    schedulers_registered,
-                    schedulers,
-                    uploads_active: n.server().active_uploads(),
-                    uploaded_bytes: n.server().uploaded_bytes(),
-                }
-            }),
-            mirror: self.mirror.as_ref().map(|m| m.status()),
         }
     }
 
