@@ -83,6 +83,22 @@ pub enum Error {
         reason: String,
     },
 
+    /// The TCP listeners handed to the daemon do not match the addresses its
+    /// configuration names (its caller binds them; the setting is named).
+    #[error("{setting}: {problem}")]
+    Listener {
+        setting: &'static str,
+        problem: &'static str,
+    },
+
+    /// The HTTP client for registries cannot be made (its TLS backend did not start).
+    #[error(transparent)]
+    HttpClient(reqwest::Error),
+
+    /// A certificate or key cannot serve TLS (the agent's TCP API).
+    #[error(transparent)]
+    Tls(#[from] tessera_proto::tls::TlsSetupError),
+
     /// The local chunk cache's index (sled) failed.
     #[error("chunk cache: {reason}")]
     Cache { reason: String },

@@ -1,18 +1,13 @@
 //! `tessera agent` (the daemon) and its clients: `mount`, `umount`, `status`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use tessera_agent::api::{self, Request};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
-use tessera_agent::daemon::local_api::{self, Transport};
-use tessera_agent::daemon::{Agent, MountStatus, Status};
-use tessera_agent::fs::handover::Keeper;
-use tessera_agent::registry::client::{ClientOptions, RegistryClient};
-use tessera_agent::registry::credentials::{default_auth_file, DockerConfig};
-use tessera_agent::snapshotter::{self, Snapshotter};
+use tessera_agent::daemon::{self, Listeners, MountStatus, Status};
+use tokio::net::TcpListener;
 
 use super::image::{print_out, print_summary};
 use super::registry::runtime;
@@ -215,26 +210,10 @@ impl AgentArgs {
     }
 }
 
-/// The registry client of the node: its credentials stay in the agent.
-fn node_client(config: &AgentConfig) -> Result<Arc<RegistryClient>> {
-    let auth_file = config.registry.auth_file.clone().or_else(default_auth_file);
-    let docker = match &auth_file {
-        Some(p) => DockerConfig::load(p).context("read registry credentials")?,
-        None => DockerConfig::default(),
-    };
-    Ok(Arc::new(RegistryClient::new(ClientOptions {
-        plain_http: config.registry.insecure.clone(),
-        credentials: docker.all_credentials()?,
-        timeout: std::time::Duration::from_secs(config.fetch.timeout_secs),
-        retries: config.fetch.retries,
-        ..ClientOptions::default()
-    })?))
-}
-
 pub fn agent(args: AgentArgs) -> Result<()> {
     let config = args.config()?;
     if args.check_config {
-        node_client(&config)?;
+        daemon::node_client(&config).context("read registry credentials")?;
         print_out(format_args!(
             "{}",
             toml::to_string(&config).context("print the configuration")?
@@ -242,130 +221,30 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         eprintln!("tessera agent: the configuration is valid");
         return Ok(());
     }
-    let rt = runtime()?;
-    rt.block_on(async move {
-        let client = node_client(&config)?;
-        let agent = Agent::start(config.clone(), client)?;
-        if let Some(dir) = config.socket.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        }
-        // A socket file left by a previous agent would make bind fail.
-        let _ = std::fs::remove_file(&config.socket);
-        let unix = tokio::net::UnixListener::bind(&config.socket)
-            .with_context(|| format!("listen on {}", config.socket.display()))?;
-        let mut servers = tokio::task::JoinSet::new();
-        {
-            let agent = agent.clone();
-            servers.spawn(async move {
-                loop {
-                    let Ok((stream, _)) = unix.accept().await else {
-                        continue;
-                    };
-                    tokio::spawn(local_api::serve_connection(
-                        agent.clone(),
-                        stream,
-                        Transport::Unix,
-                    ));
-                }
-            });
-        }
-        if let Some(addr) = &config.api_listen {
-            let tcp = tokio::net::TcpListener::bind(addr)
+    runtime()?.block_on(async move {
+        let listeners = bind(&config).await?;
+        Ok(daemon::run(config, listeners, shutdown_signal()).await?)
+    })
+}
+
+/// Binds the TCP listeners `config` names (the unix sockets are bound by the daemon,
+/// once it is ready to answer on them).
+async fn bind(config: &AgentConfig) -> Result<Listeners> {
+    async fn listen(addr: &Option<String>, what: &str) -> Result<Option<TcpListener>> {
+        match addr {
+            None => Ok(None),
+            Some(addr) => TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("listen on {addr}"))?;
-            let tls = match (&config.api_tls_cert, &config.api_tls_key) {
-                (Some(cert), Some(key)) => Some(tessera_proto::tls::acceptor(cert, key)?),
-                _ => None,
-            };
-            let agent = agent.clone();
-            servers.spawn(async move {
-                loop {
-                    let Ok((stream, _)) = tcp.accept().await else {
-                        continue;
-                    };
-                    let Some(tls) = tls.clone() else {
-                        tokio::spawn(local_api::serve_connection(agent.clone(), stream, Transport::Tcp));
-                        continue;
-                    };
-                    let agent = agent.clone();
-                    tokio::spawn(async move {
-                        // A client that never finishes its handshake must not hold a task.
-                        let handshake = tokio::time::timeout(
-                            std::time::Duration::from_secs(10),
-                            tls.accept(stream),
-                        );
-                        if let Ok(Ok(stream)) = handshake.await {
-                            local_api::serve_connection(agent, stream, Transport::Tcp).await;
-                        }
-                    });
-                }
-            });
+                .map(Some)
+                .with_context(|| format!("{what}listen on {addr}")),
         }
-        // The snapshotter serves containerd only once what was mounted before a restart
-        // is served again (a container prepared meanwhile would see an empty layer).
-        let snapshotter = match &config.snapshotter.socket {
-            None => None,
-            Some(_) => {
-                let root = &config.snapshotter.root;
-                std::fs::create_dir_all(root)
-                    .with_context(|| format!("create {}", root.display()))?;
-                let keeper = std::env::current_exe()
-                    .and_then(|exe| {
-                        Keeper::connect_or_start(
-                            &root.join("fuse-keeper.sock"),
-                            &exe,
-                            &root.join("fuse-keeper.log"),
-                        )
-                    })
-                    .map_err(|e| tracing::warn!(error = %e, "no FUSE keeper: the snapshotter's mounts will not outlive this agent"))
-                    .ok();
-                let remote = snapshotter::remote::Remote::new(agent.clone(), keeper);
-                let snapshotter = Snapshotter::open(root, Some(remote))?;
-                snapshotter.restore().await?;
-                Some(snapshotter)
-            }
-        };
-        if let Some(addr) = &config.metrics_listen {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("listen on {addr}"))?;
-            let mut registry = prometheus_client::registry::Registry::default();
-            agent.register_metrics(&mut registry);
-            if let Some(s) = &snapshotter {
-                s.metrics.register(&mut registry);
-            }
-            servers.spawn(tessera_agent::daemon::serve_metrics(
-                listener,
-                Arc::new(registry),
-            ));
-        }
-        if let (Some(addr), Some(mirror)) = (&config.mirror.listen, agent.mirror()) {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("mirror: listen on {addr}"))?;
-            tracing::info!(listen = %addr, "registry mirror ready");
-            servers.spawn(mirror.clone().serve(listener));
-        }
-        if let (Some(socket), Some(snapshotter)) = (&config.snapshotter.socket, snapshotter) {
-            let listener = snapshotter::listen(socket)?;
-            servers.spawn(async move {
-                if let Err(e) = snapshotter::serve(snapshotter, listener).await {
-                    tracing::error!(error = %e, "the snapshotter stopped");
-                }
-            });
-            tracing::info!(socket = %socket.display(), "containerd snapshotter ready");
-        }
-        tracing::info!(socket = %config.socket.display(), "agent ready");
-        eprintln!("tessera agent: listening on {}", config.socket.display());
-        shutdown_signal().await;
-        eprintln!("tessera agent: shutting down, unmounting");
-        servers.abort_all();
-        agent.shutdown().await;
-        let _ = std::fs::remove_file(&config.socket);
-        if let Some(socket) = &config.snapshotter.socket {
-            let _ = std::fs::remove_file(socket);
-        }
-        Ok(())
+    }
+    let peer = config.p2p.active().then(|| config.p2p.peer_listen.clone());
+    Ok(Listeners {
+        api: listen(&config.api_listen, "").await?,
+        metrics: listen(&config.metrics_listen, "").await?,
+        mirror: listen(&config.mirror.listen, "mirror: ").await?,
+        peer: listen(&peer, "p2p: ").await?,
     })
 }
 

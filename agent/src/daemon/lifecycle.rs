@@ -16,34 +16,18 @@
 //! Unmounting such a mount lets the keeper go of its copy first. Everything else is
 //! unmounted at shutdown.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rafs_format::reader::Bootstrap;
 
-use super::mounts::MountedImage;
+use super::mounted::MountedImage;
 use super::MountStatus;
-use crate::fs::handover::Keeper;
+use crate::fs::handover::{Attach, Keeper};
 use crate::fs::{self, ChunkReader, MountOptions, Mounted};
 use crate::{Error, Result};
-
-/// How a new mount gets its filesystem to the mount point.
-#[derive(Debug)]
-pub enum Attach {
-    /// Mounts anew; unmounted at shutdown.
-    Mount,
-    /// Mounts anew and gives the keeper a copy of the FUSE connection, so the mount
-    /// outlives this agent (if the keeper refuses, it is an ordinary mount).
-    HandOver(Arc<Keeper>),
-    /// Serves `connection`, the keeper's copy of the connection of a mount an earlier
-    /// agent left at the mount point; the keeper keeps holding it.
-    TakeOver {
-        connection: OwnedFd,
-        keeper: Arc<Keeper>,
-    },
-}
 
 /// Where a mount is in its life (see the module documentation).
 #[derive(Debug)]

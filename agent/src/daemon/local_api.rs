@@ -1,9 +1,13 @@
 //! Serving the local API ([`crate::api`]): one request line per connection, answered
 //! by the [`Agent`]; on TCP only with the current token.
 
+use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener};
 
 use super::Agent;
 use crate::api::{Envelope, Response};
@@ -11,11 +15,56 @@ use crate::api::{Envelope, Response};
 /// Largest request accepted (they are a few hundred bytes).
 const MAX_REQUEST: u64 = 64 << 10;
 
+/// How long a TCP client may take over its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Who is calling, which decides whether a token is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
     Unix,
     Tcp,
+}
+
+/// Serves the local API on its unix socket until dropped.
+pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(serve_connection(agent.clone(), stream, Transport::Unix));
+    }
+}
+
+/// Serves the local API on TCP until dropped: over TLS with `tls` (certificate and
+/// key, PEM), which are read first, so a bad one fails before anything is served.
+pub fn serve_tcp(
+    agent: Arc<Agent>,
+    listener: TcpListener,
+    tls: Option<(&Path, &Path)>,
+) -> crate::Result<impl Future<Output = ()>> {
+    let tls = match tls {
+        Some((cert, key)) => Some(tessera_proto::tls::acceptor(cert, key)?),
+        None => None,
+    };
+    Ok(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let Some(tls) = tls.clone() else {
+                tokio::spawn(serve_connection(agent.clone(), stream, Transport::Tcp));
+                continue;
+            };
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                // A client that never finishes its handshake must not hold a task.
+                let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream));
+                if let Ok(Ok(stream)) = handshake.await {
+                    serve_connection(agent, stream, Transport::Tcp).await;
+                }
+            });
+        }
+    })
 }
 
 /// Serves one connection: reads a request line, answers it.

@@ -8,28 +8,38 @@
 //! Preheat jobs from the scheduler fetch whole images into the cache the same way,
 //! before anyone mounts them.
 
+mod collector;
 mod lifecycle;
 pub mod local_api;
+mod metrics;
+mod mounted;
 mod mounts;
+mod prefetch;
 mod preheat;
+mod recorder;
+mod root;
 mod stale;
+mod status;
 
-pub use lifecycle::Attach;
-pub use mounts::{MountStatus, Recorder};
+pub use crate::fs::handover::Attach;
+pub use metrics::serve_metrics;
+pub use recorder::Recorder;
+pub use root::{node_client, run, Listeners};
+pub use status::{MountStatus, Status, SwarmStatus};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::api::Request;
 use crate::cache::pieces::PieceTables;
 use crate::cache::ChunkCache;
 use crate::config::{AgentConfig, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
-use crate::mirror::{Mirror, MirrorStatus};
+use crate::mirror::Mirror;
 use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
@@ -59,108 +69,14 @@ pub struct Agent {
     mirror: Option<Arc<Mirror>>,
 }
 
-/// What `tessera status` shows.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Status {
-    pub uptime_seconds: f64,
-    pub mounts: Vec<MountStatus>,
-    pub cache: crate::cache::CacheStats,
-    /// Uncompressed bytes the current mounts got, by source.
-    pub bytes_by_source: HashMap<String, u64>,
-    /// P2P, when on.
-    #[serde(default)]
-    pub swarm: Option<SwarmStatus>,
-    /// The registry mirror, when on.
-    #[serde(default)]
-    pub mirror: Option<MirrorStatus>,
-}
-
-/// This agent in the swarm.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SwarmStatus {
-    pub host_id: String,
-    /// Whether the scheduler currently knows this agent (if not, chunks come from the
-    /// origin until it re-registers).
-    pub registered: bool,
-    /// Scheduler replicas that know this agent, of those configured.
-    #[serde(default)]
-    pub schedulers_registered: usize,
-    #[serde(default)]
-    pub schedulers: usize,
-    pub uploads_active: usize,
-    pub uploaded_bytes: u64,
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        writeln!(f, "agent up {:.0} s", self.uptime_seconds)?;
-        writeln!(
-            f,
-            "cache      {} chunks, {:.1} of {:.1} MiB; {} hits, {} misses, {} evictions",
-            self.cache.entries,
-            mib(self.cache.bytes),
-            mib(self.cache.capacity),
-            self.cache.hits,
-            self.cache.misses,
-            self.cache.evictions
-        )?;
-        let mut sources: Vec<_> = self.bytes_by_source.iter().collect();
-        sources.sort();
-        for (source, bytes) in sources {
-            writeln!(f, "bytes      {:.1} MiB from {source}", mib(*bytes))?;
-        }
-        if self.mounts.is_empty() {
-            writeln!(f, "no mounts")?;
-        }
-        if let Some(s) = &self.swarm {
-            writeln!(
-                f,
-                "swarm      {} as {}; {} uploads now, {:.1} MiB served to peers",
-                if !s.registered {
-                    "NOT registered (origin only until the scheduler answers)".to_string()
-                } else if s.schedulers > 1 {
-                    format!(
-                        "registered with {} of {} scheduler replicas",
-                        s.schedulers_registered, s.schedulers
-                    )
-                } else {
-                    "registered".to_string()
-                },
-                s.host_id,
-                s.uploads_active,
-                mib(s.uploaded_bytes)
-            )?;
-        }
-        if let Some(m) = &self.mirror {
-            let mut sources: Vec<_> = m.bytes_by_source.iter().collect();
-            sources.sort();
-            let sources: Vec<String> = sources
-                .into_iter()
-                .map(|(s, b)| format!("{:.1} MiB from {s}", mib(*b)))
-                .collect();
-            writeln!(
-                f,
-                "mirror     {} requests; blobs: {}; {} responses cut off (bad digest)",
-                m.requests,
-                sources.join(", "),
-                m.aborted_responses
-            )?;
-        }
-        for m in &self.mounts {
-            writeln!(f, "mount      {m}")?;
-        }
-        Ok(())
-    }
-}
-
-/// Starts serving peers from `cache` on `p2p.peer_listen` and joins the swarm; the
-/// preheat jobs the scheduler hands out go to `preheat_tasks`.
+/// Starts serving peers from `cache` on `listener` (bound to `p2p.peer_listen`) and
+/// joins the swarm; the preheat jobs the scheduler hands out go to `preheat_tasks`.
 fn join_swarm(
     p2p: &P2pConfig,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
     preheat_tasks: PreheatSender,
+    listener: tokio::net::TcpListener,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
     let token = match &p2p.token_file {
         Some(path) => Some(
@@ -181,10 +97,6 @@ fn join_swarm(
         },
     )
     .with_piece_tables(tables);
-    let listener = std::net::TcpListener::bind(&p2p.peer_listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(tokio::net::TcpListener::from_std)
-        .map_err(|e| Error::Agent(format!("p2p: listen on {}: {e}", p2p.peer_listen)))?;
     let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
@@ -197,43 +109,15 @@ fn join_swarm(
     Ok((network, vec![serving, membership]))
 }
 
-/// Serves Prometheus text on `GET /metrics` (and `GET /healthz`) until dropped.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = stream.read(&mut buf).await.unwrap_or(0);
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = match path {
-                "/metrics" => {
-                    let mut text = String::new();
-                    match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                        Ok(()) => ("200 OK", text),
-                        Err(_) => ("500 Internal Server Error", String::new()),
-                    }
-                }
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                _ => ("404 Not Found", String::new()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-        });
-    }
-}
-
 impl Agent {
     /// Opens the cache (checking it), clears mounts a crashed agent left behind, and
-    /// prepares to serve. Call from inside the runtime the agent will use.
-    pub fn start(config: AgentConfig, client: Arc<RegistryClient>) -> Result<Arc<Agent>> {
+    /// prepares to serve; with P2P on, serves peers on `peer` (which the caller bound
+    /// to `p2p.peer_listen`). Call from inside the runtime the agent will use.
+    pub fn start(
+        config: AgentConfig,
+        client: Arc<RegistryClient>,
+        peer: Option<tokio::net::TcpListener>,
+    ) -> Result<Arc<Agent>> {
         if let Err(problems) = config.validate() {
             return Err(Error::Agent(format!(
                 "invalid configuration:\n  {}",
@@ -275,8 +159,13 @@ impl Agent {
         let mut p2p_tasks = Vec::new();
         let mut preheat_jobs = None;
         if config.p2p.active() {
+            let listener = peer.ok_or(Error::Listener {
+                setting: "p2p.peer_listen",
+                problem: "set, but no listener for it was given to the agent",
+            })?;
             let (sender, receiver) = crate::peer::preheat::queue();
-            let (joined, tasks) = join_swarm(&config.p2p, cache.clone(), tables.clone(), sender)?;
+            let (joined, tasks) =
+                join_swarm(&config.p2p, cache.clone(), tables.clone(), sender, listener)?;
             fetcher = fetcher.with_peers(joined.clone());
             network = Some(joined);
             p2p_tasks = tasks;
@@ -337,7 +226,7 @@ impl Agent {
         if let Some(mirror) = &self.mirror {
             mirror.metrics.register(registry);
         }
-        registry.register_collector(Box::new(mounts::AgentCollector {
+        registry.register_collector(Box::new(collector::AgentCollector {
             agent: Arc::downgrade(self),
         }));
     }
@@ -365,36 +254,6 @@ impl Agent {
                 Ok(to_json(status))
             }
             Request::Status => Ok(to_json(self.status())),
-        }
-    }
-
-    pub fn status(&self) -> Status {
-        let mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut list: Vec<MountStatus> = mounts.values().map(|m| m.status()).collect();
-        list.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
-        let mut bytes_by_source = HashMap::new();
-        for m in &list {
-            *bytes_by_source.entry("cache".to_string()).or_insert(0) += m.pull.cache_bytes;
-            *bytes_by_source.entry("origin".to_string()).or_insert(0) += m.pull.origin_bytes;
-            *bytes_by_source.entry("peer".to_string()).or_insert(0) += m.pull.peer_bytes;
-        }
-        Status {
-            uptime_seconds: self.started.elapsed().as_secs_f64(),
-            mounts: list,
-            cache: self.cache.stats(),
-            bytes_by_source,
-            swarm: self.network.as_ref().map(|n| {
-                let (schedulers_registered, schedulers) = n.replicas_registered();
-                SwarmStatus {
-                    host_id: n.host_id().to_string(),
-                    registered: n.registered(),
-                    schedulers_registered,
-                    schedulers,
-                    uploads_active: n.server().active_uploads(),
-                    uploaded_bytes: n.server().uploaded_bytes(),
-                }
-            }),
-            mirror: self.mirror.as_ref().map(|m| m.status()),
         }
     }
 

@@ -24,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustix::net::{
@@ -33,6 +33,24 @@ use rustix::net::{
 };
 
 use super::mount_table::fuse_mounted_at;
+
+/// How a new mount gets its filesystem to the mount point: mounted anew, handed to
+/// the keeper, or taken over from it. Here rather than with the mount's life cycle
+/// (`daemon::lifecycle`) because the snapshotter, below the daemon, chooses it.
+#[derive(Debug)]
+pub enum Attach {
+    /// Mounts anew; unmounted at shutdown.
+    Mount,
+    /// Mounts anew and gives the keeper a copy of the FUSE connection, so the mount
+    /// outlives this agent (if the keeper refuses, it is an ordinary mount).
+    HandOver(Arc<Keeper>),
+    /// Serves `connection`, the keeper's copy of the connection of a mount an earlier
+    /// agent left at the mount point; the keeper keeps holding it.
+    TakeOver {
+        connection: OwnedFd,
+        keeper: Arc<Keeper>,
+    },
+}
 
 /// The longest control message (`hold <mountpoint>` and the like).
 const MAX_MESSAGE: usize = 8192;
@@ -290,8 +308,8 @@ pub fn relay(dev: OwnedFd) -> io::Result<OwnedFd> {
         init.extend_from_slice(&v.to_ne_bytes()); // major, minor, max_readahead, flags
     }
     rustix::net::send(&ours, &init, SendFlags::NOSIGNAL)?;
-    let ours = std::sync::Arc::new(ours);
-    let dev = std::sync::Arc::new(dev);
+    let ours = Arc::new(ours);
+    let dev = Arc::new(dev);
 
     let (to_kernel, from_session) = (dev.clone(), ours.clone());
     std::thread::Builder::new()

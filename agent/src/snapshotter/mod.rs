@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 /// What kind of failure a snapshot operation met (defined with the crate's error,
 /// which carries it).
 pub use crate::error::SnapshotCode as Code;
+pub use remote::Images;
 pub use service::{listen, serve};
 use store::{Record, Store};
 

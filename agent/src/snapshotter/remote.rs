@@ -7,13 +7,15 @@
 //! without those labels, is an ordinary layer that containerd unpacks.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use crate::daemon::{Agent, Attach};
-use crate::fs::handover::Keeper;
+use crate::fs::handover::{Attach, Keeper};
 use crate::fs::mount_table::{fuse_mounted_at, lazy_unmount};
+use crate::registry::client::RegistryClient;
 use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
 use crate::registry::reference::{Platform, Reference};
 use crate::Result;
@@ -26,6 +28,28 @@ pub const MANIFEST_LABEL: &str = "containerd.io/snapshot/cri.manifest-digest";
 pub const LAYER_LABEL: &str = "containerd.io/snapshot/cri.layer-digest";
 /// Set on the snapshots of Tessera layers (nothing was unpacked into them).
 pub const REMOTE_LABEL: &str = "io.tessera.snapshot.remote";
+
+/// A future the snapshotter awaits on its gRPC tasks (so `Send`), boxed so that
+/// [`Images`] can be a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the snapshotter needs of whoever owns the node's mounts, its chunk cache and
+/// its registry credentials: the daemon's `Agent` implements it. A trait here rather
+/// than a call into `daemon`, because the daemon starts the snapshotter: so the
+/// snapshotter sits below the daemon and the two do not import each other.
+pub trait Images: Send + Sync + std::fmt::Debug {
+    /// The node's registry client: manifests are read with the node's credentials.
+    fn registry_client(&self) -> &Arc<RegistryClient>;
+    /// Mounts `image` (by digest) lazily at `dir`, as `attach` says.
+    fn mount<'a>(
+        &'a self,
+        image: &'a str,
+        dir: &'a Path,
+        attach: Attach,
+    ) -> BoxFuture<'a, Result<()>>;
+    /// Unmounts what [`mount`](Self::mount) mounted at `dir`.
+    fn unmount<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
+}
 
 /// A layer of a Tessera image, about to be prepared.
 #[derive(Debug, Clone)]
@@ -46,7 +70,8 @@ type LayerRoles = HashMap<String, bool>;
 /// through the agent (which owns the mounts, the cache and the credentials).
 #[derive(Debug)]
 pub struct Remote {
-    agent: Arc<Agent>,
+    /// The agent, which owns the mounts, the cache and the credentials.
+    images: Box<dyn Images>,
     /// Holds the mounts' FUSE connections while the agent restarts (absent: mounts
     /// do not outlive the agent).
     keeper: Option<Arc<Keeper>>,
@@ -55,9 +80,9 @@ pub struct Remote {
 }
 
 impl Remote {
-    pub fn new(agent: Arc<Agent>, keeper: Option<Keeper>) -> Remote {
+    pub fn new(images: Box<dyn Images>, keeper: Option<Keeper>) -> Remote {
         Remote {
-            agent,
+            images,
             keeper: keeper.map(Arc::new),
             manifests: Mutex::new(HashMap::new()),
         }
@@ -99,7 +124,7 @@ impl Remote {
             return Ok(known);
         }
         let image = registry_image::resolve_platform(
-            self.agent.registry_client(),
+            self.images.registry_client(),
             reference,
             &Platform::host(),
         )
@@ -146,16 +171,13 @@ impl Remote {
             Some(keeper) => Attach::HandOver(keeper.clone()),
             None => Attach::Mount,
         };
-        self.agent
-            .mount_with(image, dir, None, None, None, attach)
-            .await?;
-        Ok(())
+        self.images.mount(image, dir, attach).await
     }
 
     /// Unmounts what [`mount`](Self::mount) mounted at `dir` (the agent lets the
     /// keeper go of it); failures are logged.
     pub async fn unmount(&self, dir: &Path) {
-        if let Err(e) = self.agent.umount(dir).await {
+        if let Err(e) = self.images.unmount(dir).await {
             tracing::warn!(dir = %dir.display(), error = %e, "could not unmount a Tessera image snapshot");
             // Not the agent's: whatever the keeper holds there is stray.
             self.release(dir);
@@ -183,12 +205,8 @@ impl Remote {
                 connection,
                 keeper: keeper.clone(),
             };
-            match self
-                .agent
-                .mount_with(image, dir, None, None, None, attach)
-                .await
-            {
-                Ok(_) => {
+            match self.images.mount(image, dir, attach).await {
+                Ok(()) => {
                     tracing::info!(mountpoint = %dir.display(), image, "took over the mount the previous agent left");
                     return Ok(true);
                 }

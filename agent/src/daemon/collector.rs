@@ -1,0 +1,132 @@
+//! The agent's Prometheus collector: the cache's figures, the swarm's, and the
+//! mounts' (reads, FUSE operations), read at scrape time. The fetcher, the mirror and
+//! the snapshotter register metrics of their own; the endpoint is `daemon::metrics`.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::lifecycle::Mount;
+use super::Agent;
+use crate::fs;
+
+/// Prometheus view of the cache and the mounts, read at scrape time.
+#[derive(Debug)]
+pub(super) struct AgentCollector {
+    pub agent: Weak<Agent>,
+}
+
+impl Collector for AgentCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(agent) = self.agent.upgrade() else {
+            return Ok(());
+        };
+        let cache = agent.cache.stats();
+        let counters = [
+            ("tessera_agent_cache_hits", "Chunk cache hits", cache.hits),
+            (
+                "tessera_agent_cache_misses",
+                "Chunk cache misses",
+                cache.misses,
+            ),
+            (
+                "tessera_agent_cache_evictions",
+                "Chunks evicted from the cache",
+                cache.evictions,
+            ),
+            (
+                "tessera_agent_cache_verification_failures",
+                "Cached chunks that failed re-verification and were dropped",
+                cache.verification_failures,
+            ),
+        ];
+        let uploaded = agent
+            .network
+            .as_ref()
+            .map_or(0, |n| n.server().uploaded_bytes());
+        let counters = counters.into_iter().chain([(
+            "tessera_agent_peer_upload_bytes",
+            "Chunk bytes served to peers",
+            uploaded,
+        )]);
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let mounts: Vec<Arc<Mount>> = agent
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let gauges = [
+            (
+                "tessera_agent_cache_bytes",
+                "Bytes in the chunk cache",
+                cache.bytes as i64,
+            ),
+            (
+                "tessera_agent_cache_capacity_bytes",
+                "Chunk cache capacity",
+                cache.capacity as i64,
+            ),
+            (
+                "tessera_agent_cache_chunks",
+                "Chunks in the cache",
+                cache.entries as i64,
+            ),
+            (
+                "tessera_agent_mounts",
+                "Mounted images",
+                mounts.len() as i64,
+            ),
+            (
+                "tessera_agent_swarm_registered",
+                "1 while the scheduler knows this agent (P2P on and reachable), else 0",
+                agent
+                    .network
+                    .as_ref()
+                    .map_or(0, |n| i64::from(n.registered())),
+            ),
+            (
+                "tessera_agent_peer_uploads",
+                "Uploads to peers in progress",
+                agent
+                    .network
+                    .as_ref()
+                    .map_or(0, |n| n.server().active_uploads() as i64),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        let read: u64 = mounts
+            .iter()
+            .map(|m| m.image.bytes_read.load(Ordering::Relaxed))
+            .sum();
+        let c = ConstCounter::new(read);
+        c.encode(encoder.encode_descriptor(
+            "tessera_agent_read_bytes",
+            "Bytes workloads read through mounts",
+            None,
+            c.metric_type(),
+        )?)?;
+        for (op, value) in fs::sum_stats(mounts.iter().filter_map(|m| m.fs_stats())) {
+            let c = ConstCounter::new(value);
+            let name = format!("tessera_agent_fuse_{op}");
+            c.encode(encoder.encode_descriptor(
+                &name,
+                "FUSE operations",
+                None,
+                c.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! What a mount's filesystem reads through: the image's chunks from the fetcher (the
+//! blocking bridge, since FUSE workers are not runtime threads), and the mount's read
+//! statistics — bytes, reads, first byte, slow reads — and its recorder.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::Recorder;
+use crate::fetch::{Fetcher, ImageChunks};
+use crate::fs::ChunkReader;
+
+/// What the filesystem reads through: the image's chunks, and the read statistics.
+#[derive(Debug)]
+pub struct MountedImage {
+    pub chunks: Arc<ImageChunks>,
+    /// Where every chunk comes from.
+    pub(super) fetcher: Arc<Fetcher>,
+    /// `fetch.readahead_bytes`.
+    pub(super) readahead: u64,
+    /// The runtime FUSE worker threads block on for a miss.
+    pub(super) runtime: tokio::runtime::Handle,
+    /// The image as the mount request named it.
+    pub(super) requested: String,
+    /// Manifest digest, for status and logs.
+    pub(super) digest: String,
+    /// When the mount was asked for (time to first byte is measured from it).
+    pub(super) started: Instant,
+    /// Bytes the workload read (status, metrics).
+    pub(super) bytes_read: AtomicU64,
+    /// Reads the workload made (status).
+    pub(super) reads: AtomicU64,
+    /// Time from the mount request to the first read (status).
+    pub(super) first_byte: OnceLock<Duration>,
+    /// `mount --record`'s file, if asked for.
+    pub(super) recorder: Option<Recorder>,
+    /// `fetch.slow_read_ms`: a read waiting longer is a slow read.
+    pub(super) slow_read: Duration,
+    /// Reads that waited longer than `slow_read` (status, metrics).
+    pub(super) slow_reads: AtomicU64,
+    /// When a slow read was last logged (ms since `started`): one line a second at most.
+    pub(super) slow_logged_ms: AtomicU64,
+}
+
+impl ChunkReader for MountedImage {
+    fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
+        // FUSE worker threads are not runtime threads: the fetcher's blocking bridge.
+        self.fetcher
+            .read_blocking(&self.runtime, &self.chunks, chunk, self.readahead)
+            .map_err(|e| {
+                tracing::error!(image = %self.chunks.reference, chunk, error = %e, "read failed");
+                std::io::Error::other(e.to_string())
+            })
+    }
+
+    fn observe_read(&self, ino: u32, _offset: u64, len: u64) {
+        self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.first_byte.get_or_init(|| self.started.elapsed());
+        if let Some(r) = &self.recorder {
+            r.saw(ino);
+        }
+    }
+
+    fn read_done(&self, ino: u32, len: u64, waited: Duration) {
+        if waited < self.slow_read {
+            return;
+        }
+        let count = self.slow_reads.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fetcher.metrics.slow_reads.inc();
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let last = self.slow_logged_ms.load(Ordering::Relaxed);
+        if (count == 1 || now_ms >= last + 1000)
+            && self
+                .slow_logged_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                image = %self.requested,
+                ino,
+                len,
+                waited_ms = waited.as_millis() as u64,
+                slow_reads = count,
+                "slow read: the workload waited over fetch.slow_read_ms for data (see tessera status: bytes by source)"
+            );
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Prefetch after a mount: the image's prefetch list (and, for `all`, every other
+//! chunk in blob order) through the fetcher at a bounded concurrency, in the
+//! background, so on-demand reads are never queued behind it.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::mounted::MountedImage;
+use crate::config::Prefetch;
+use crate::fetch::{Fetcher, Wanted};
+
+/// Fetches the image's prefetch list (and, for `all`, every other chunk, in blob
+/// order) with at most `concurrency` chunks at a time, so on-demand reads keep going.
+pub(super) async fn prefetch_image(
+    fetcher: Arc<Fetcher>,
+    image: Arc<MountedImage>,
+    mode: Prefetch,
+    concurrency: usize,
+) {
+    let started = Instant::now();
+    let b = &image.chunks.bootstrap;
+    let mut chunks: Vec<u32> = Vec::new();
+    let mut seen = HashSet::new();
+    if let Ok(entries) = b.prefetch() {
+        for e in entries {
+            let Ok(inode) = b.inode(e.ino) else { continue };
+            let Ok(pieces) = b.file_chunks(&inode) else {
+                continue;
+            };
+            chunks.extend(
+                pieces
+                    .iter()
+                    .filter_map(|p| p.chunk)
+                    .filter(|c| seen.insert(*c)),
+            );
+        }
+    }
+    if mode == Prefetch::All {
+        let mut rest: Vec<(u32, u64, u32)> = (0..b.chunk_count())
+            .filter(|c| !seen.contains(c))
+            .filter_map(|c| {
+                b.chunk(c)
+                    .ok()
+                    .map(|i| (i.blob_index, i.compressed_offset, c))
+            })
+            .collect();
+        rest.sort_unstable();
+        chunks.extend(rest.into_iter().map(|(_, _, c)| c));
+    }
+    let total = chunks.len();
+    let mut failed = 0usize;
+    let units: Vec<_> = chunks
+        .into_iter()
+        .filter_map(|c| image.chunks.unit(c).ok())
+        .collect();
+    let wanted: Arc<dyn Wanted> = image.chunks.clone();
+    fetcher
+        .fetch_all(&wanted, units, concurrency, |_, outcome| {
+            failed += usize::from(outcome.is_err());
+        })
+        .await;
+    tracing::info!(
+        image = %image.chunks.reference,
+        chunks = total,
+        failed,
+        seconds = started.elapsed().as_secs_f64(),
+        "prefetch done"
+    );
+}

@@ -1,0 +1,198 @@
+//! What this host tells the schedulers about data — the byte ranges it holds
+//! (announced as chunks are verified, batched while a send is under way), blobs'
+//! sizes, the images it uses, transfer reports — and what it asks them: who holds a
+//! range. Each blob is talked about only to the replica that owns it on the ring.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tessera_proto::domain::{Peer, PeerChoice};
+use tessera_proto::pb;
+use tessera_proto::ranges::merge;
+
+use super::Network;
+
+impl Network {
+    /// Sends replica `r` its pending announcements and reports.
+    pub(super) async fn flush(&self, r: usize) {
+        let (pending, held) = {
+            let mut state = self.state();
+            let pending = std::mem::take(&mut state.pending[r]);
+            let held = to_pb(&pending.held, &state.sizes);
+            (pending, held)
+        };
+        let mut scheduler = self.replicas[r].client.clone();
+        if !held.is_empty() || !pending.images.is_empty() {
+            let sent = scheduler
+                .announce(pb::AnnounceRequest {
+                    host_id: self.host.id.clone(),
+                    held,
+                    full: false,
+                    dropped: Vec::new(),
+                    images: images_pb(&pending.images),
+                })
+                .await;
+            // Not lost: `held` has it, and the full announcement after re-registering
+            // sends it.
+            if let Err(e) = sent {
+                return self.lost(r, e.message());
+            }
+        }
+        if !pending.reports.is_empty() {
+            let sent = scheduler
+                .report(pb::ReportRequest {
+                    host_id: self.host.id.clone(),
+                    transfers: pending.reports,
+                })
+                .await;
+            if let Err(e) = sent {
+                self.lost(r, e.message());
+            }
+        }
+    }
+
+    /// Records that this host now holds (verified, cached) these ranges of `blob`; they
+    /// are announced right away.
+    pub fn held(&self, blob: &str, ranges: impl IntoIterator<Item = (u64, u64)>) {
+        let owner = {
+            let mut state = self.state();
+            let new: Vec<(u64, u64)> = ranges.into_iter().filter(|(s, e)| s < e).collect();
+            if new.is_empty() {
+                return;
+            }
+            let list = state.held.entry(blob.to_string()).or_default();
+            list.extend(new.iter().copied());
+            merge(list);
+            // With no replica up, the full announcement at registration carries it.
+            let Some(r) = self.owner(blob) else { return };
+            let list = state.pending[r].held.entry(blob.to_string()).or_default();
+            list.extend(new);
+            merge(list);
+            r
+        };
+        self.replicas[owner].wake.notify_one();
+    }
+
+    /// Records blobs' whole sizes, sent with their ranges from now on.
+    pub fn blob_sizes(&self, sizes: impl IntoIterator<Item = (String, u64)>) {
+        self.state().sizes.extend(sizes);
+    }
+
+    /// Records that this host uses `image`, made of `blobs`; every replica is told.
+    pub fn uses_image(&self, image: &str, blobs: Vec<String>) {
+        {
+            let mut state = self.state();
+            if state.images.get(image) == Some(&blobs) {
+                return;
+            }
+            state.images.insert(image.to_string(), blobs.clone());
+            for pending in &mut state.pending {
+                pending.images.insert(image.to_string(), blobs.clone());
+            }
+        }
+        for replica in &self.replicas {
+            replica.wake.notify_one();
+        }
+    }
+
+    /// Queues a transfer's outcome for the scheduler. `peer` is `None` for the origin.
+    pub fn report(
+        &self,
+        peer: Option<&Peer>,
+        blob: &str,
+        range: (u64, u64),
+        bytes: u64,
+        duration: Duration,
+        outcome: pb::Outcome,
+    ) {
+        if range.0 >= range.1 {
+            return;
+        }
+        let Some(r) = self.owner(blob) else { return };
+        self.state().pending[r].reports.push(pb::Transfer {
+            peer_id: peer.map(|p| p.id.0.clone()).unwrap_or_default(),
+            blob: blob.to_string(),
+            range: Some(pb::ByteRange {
+                start: range.0,
+                end: range.1,
+            }),
+            bytes,
+            duration_us: u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            outcome: outcome.into(),
+        });
+        self.replicas[r].wake.notify_one();
+    }
+
+    /// Asks who holds `[start, end)` of `blob` (the replica that owns it; if that one
+    /// fails, the next). `None`: no usable answer (not registered, no replica
+    /// reachable or answering sense) — use the origin.
+    pub async fn find_peers(&self, blob: &str, range: (u64, u64)) -> Option<PeerChoice> {
+        for _ in 0..self.replicas.len() {
+            let r = self.owner(blob)?;
+            let answer = self.replicas[r]
+                .client
+                .clone()
+                .find_peers(pb::FindPeersRequest {
+                    host_id: self.host.id.clone(),
+                    blob: blob.to_string(),
+                    range: Some(pb::ByteRange {
+                        start: range.0,
+                        end: range.1,
+                    }),
+                })
+                .await;
+            match answer {
+                Ok(a) => match PeerChoice::try_from(a.into_inner()) {
+                    Ok(choice) => return Some(choice),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the scheduler's answer is invalid; using the origin");
+                        return None;
+                    }
+                },
+                Err(e) => self.lost(r, e.message()),
+            }
+        }
+        None
+    }
+}
+
+/// Announced ranges, with each blob's size where known.
+pub(super) fn to_pb(
+    map: &HashMap<String, Vec<(u64, u64)>>,
+    sizes: &HashMap<String, u64>,
+) -> Vec<pb::BlobRanges> {
+    map.iter()
+        .map(|(blob, ranges)| pb::BlobRanges {
+            blob: blob.clone(),
+            ranges: ranges
+                .iter()
+                .map(|&(start, end)| pb::ByteRange { start, end })
+                .collect(),
+            size: sizes.get(blob).copied().unwrap_or(0),
+        })
+        .collect()
+}
+
+pub(super) fn images_pb(images: &HashMap<String, Vec<String>>) -> Vec<pb::ImageBlobs> {
+    images
+        .iter()
+        .map(|(image, blobs)| pb::ImageBlobs {
+            image: image.clone(),
+            blobs: blobs.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared merge does what this module's own did (sorted, overlapping and
+    /// touching ranges joined).
+    #[test]
+    fn ranges_merge() {
+        let mut r = vec![(10, 20), (0, 5), (5, 8), (19, 30), (40, 50)];
+        merge(&mut r);
+        assert_eq!(r, [(0, 8), (10, 30), (40, 50)]);
+    }
+}
