@@ -259,7 +259,8 @@ fn start(swarm: Swarm) -> Scheduler {
         admin.ready.store(true, Ordering::Relaxed);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin_addr = listener.local_addr().unwrap();
-        tokio::spawn(admin.serve(listener));
+        let gate = tessera_proto::listen::Gate::new("admin", 4096, Duration::from_secs(30));
+        tokio::spawn(admin.serve(listener, gate, Duration::from_secs(30)));
         (grpc_addr, admin_addr)
     });
     Scheduler {

@@ -36,10 +36,14 @@ pub struct AgentConfig {
     pub metrics_listen: Option<String>,
     /// What to fetch in the background after a mount.
     pub prefetch: Prefetch,
+    /// On SIGTERM or SIGINT, how long reads in flight may go on before what is left
+    /// fails with EIO and the agent unmounts and exits (seconds).
+    pub shutdown_grace_secs: u64,
     pub fetch: FetchConfig,
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
     pub snapshotter: SnapshotterConfig,
+    pub connections: ConnectionsConfig,
     #[serde(skip_serializing)]
     pub registry: RegistryConfig,
 }
@@ -61,6 +65,38 @@ impl Default for SnapshotterConfig {
         SnapshotterConfig {
             socket: None,
             root: PathBuf::from("/var/lib/tessera/snapshotter"),
+        }
+    }
+}
+
+/// What every listener of the agent (peer port, mirror, local API, metrics,
+/// snapshotter) lets clients hold: no client, idle or hostile, may take the agent's
+/// descriptors.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionsConfig {
+    /// Connections each listener holds at once; one past it is closed at once (counted
+    /// in `tessera_agent_connections_refused_total`). 0: derived from the open-file
+    /// limit, keeping a quarter of it for the cache, FUSE and outgoing connections.
+    pub per_listener: usize,
+    /// A connection that sends nothing for this long is closed; on HTTP/1 listeners
+    /// also one whose request head takes longer, or that sits idle between requests
+    /// (seconds). The local API allows at most 5 s for its one-line request.
+    pub idle_timeout_secs: u64,
+    /// gRPC connections (the peer port) are closed gracefully at this age; clients
+    /// reconnect (seconds).
+    pub max_age_secs: u64,
+    /// Requests (gRPC streams) at once on one peer connection.
+    pub streams_per_connection: u32,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        ConnectionsConfig {
+            per_listener: 0,
+            idle_timeout_secs: 30,
+            max_age_secs: 600,
+            streams_per_connection: 256,
         }
     }
 }
@@ -334,10 +370,12 @@ impl Default for AgentConfig {
             cache_capacity: 10 << 30,
             metrics_listen: None,
             prefetch: Prefetch::List,
+            shutdown_grace_secs: 10,
             fetch: FetchConfig::default(),
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
             snapshotter: SnapshotterConfig::default(),
+            connections: ConnectionsConfig::default(),
             registry: RegistryConfig::default(),
         }
     }
@@ -367,6 +405,13 @@ impl AgentConfig {
         }
         if self.api_tls_cert.is_some() != self.api_tls_key.is_some() {
             problems.push("api_tls_cert, api_tls_key: set both or neither".to_string());
+        }
+        let c = &self.connections;
+        if c.idle_timeout_secs == 0 || c.max_age_secs == 0 || c.streams_per_connection == 0 {
+            problems.push(
+                "connections: idle_timeout_secs, max_age_secs and streams_per_connection must be at least 1"
+                    .to_string(),
+            );
         }
         if self.api_listen.is_some() && self.api_token_file.is_none() {
             problems.push(

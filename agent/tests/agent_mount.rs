@@ -778,3 +778,284 @@ fn the_tcp_api_over_tls() {
         String::from_utf8_lossy(&answer)
     );
 }
+
+/// How a reader thread's sequential read of a file ended.
+struct ReadEnd {
+    bytes: usize,
+    error: Option<std::io::Error>,
+}
+
+/// Reads `path` in 1 MiB reads on a thread of its own; says on `first` when the first
+/// MiB is in, and gives how the read ended on the returned channel.
+fn read_in_background(
+    path: PathBuf,
+    first: std::sync::mpsc::Sender<()>,
+) -> std::sync::mpsc::Receiver<ReadEnd> {
+    let (done, end) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut end = ReadEnd {
+            bytes: 0,
+            error: None,
+        };
+        match std::fs::File::open(&path) {
+            Err(e) => end.error = Some(e),
+            Ok(mut f) => {
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    match std::io::Read::read(&mut f, &mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            let before = end.bytes;
+                            end.bytes += n;
+                            if before < 1 << 20 && end.bytes >= 1 << 20 {
+                                let _ = first.send(());
+                            }
+                        }
+                        Err(e) => {
+                            end.error = Some(e);
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = done.send(end);
+    });
+    end
+}
+
+/// SIGTERM (how the kubelet and systemd stop the agent) while a reader is in the middle
+/// of a large uncached file from a slow origin: reads go on for the grace period, then
+/// what is left fails with EIO; the agent unmounts, exits 0 in time, and never panics.
+#[test]
+fn sigterm_mid_read_fails_what_is_left_after_the_grace_and_exits_0() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 1, |_| "big".into(), 64 << 20, 90);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let grace = 2;
+    let mut agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--prefetch", "none", "--shutdown-grace", &grace.to_string()],
+    );
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    // 1 MiB/s for every request: the 64 MiB file takes a minute, far past the grace.
+    proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: 1 << 20,
+        })
+        .method("GET")
+        .path("/blobs/")
+        .times(u32::MAX),
+    );
+
+    let (first, first_in) = std::sync::mpsc::channel();
+    let end = read_in_background(mnt.join("big"), first);
+    first_in
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the first MiB of the file was read");
+    let sent = std::time::Instant::now();
+    let status = agent.signal_and_wait("TERM", std::time::Duration::from_secs(grace + 5));
+    let log = agent.log();
+    let status = status.unwrap_or_else(|| {
+        panic!("the agent did not exit within the grace + 5 s after SIGTERM:\n{log}")
+    });
+    assert!(status.success(), "exit status {status}:\n{log}");
+    assert!(
+        sent.elapsed()
+            >= std::time::Duration::from_secs(grace) - std::time::Duration::from_millis(500),
+        "the agent exited before the grace period ({:?}) though a read was in flight:\n{log}",
+        sent.elapsed()
+    );
+    let end = end
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("the reader still hangs after the agent exited:\n{log}"));
+    assert!(
+        end.bytes < files[0].1.len() && end.error.is_some(),
+        "the read should have failed part way (read {} bytes, error {:?})",
+        end.bytes,
+        end.error
+    );
+    assert!(!is_mounted(&mnt), "the mount was left behind:\n{log}");
+    assert!(log.contains("grace ran out"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// SIGTERM with a file held open and no read in flight: nothing to wait for, so the
+/// agent unmounts (detaching the busy mount) and exits 0 at once; the holder's next
+/// read fails instead of hanging.
+#[test]
+fn sigterm_with_a_file_open_detaches_the_mount_and_exits_0_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 1, |_| "small".into(), 1 << 20, 91);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let mut agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    let held = std::fs::File::open(mnt.join("small")).unwrap();
+    let mut first = vec![0u8; 4096];
+    held.read_exact_at(&mut first, 0).unwrap();
+    assert!(first == files[0].1[..4096]);
+
+    // The default grace is 10 s; with nothing in flight none of it is used.
+    let status = agent.signal_and_wait("TERM", std::time::Duration::from_secs(5));
+    let log = agent.log();
+    let status = status.unwrap_or_else(|| panic!("no exit within 5 s of SIGTERM:\n{log}"));
+    assert!(status.success(), "exit status {status}:\n{log}");
+    assert!(!is_mounted(&mnt), "the busy mount was not detached:\n{log}");
+    // The page cache may still answer; the kernel must, either way, and never hang.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let _ = tx.send(held.read_exact_at(&mut buf, 1 << 19).map(|()| buf));
+    });
+    let after = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("a read of a file held open across the agent's exit hangs");
+    if let Ok(data) = after {
+        assert!(
+            data == files[0].1[1 << 19..(1 << 19) + 4096],
+            "wrong bytes after exit"
+        );
+    }
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Descriptors held by process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Idle clients cannot take the agent down. With its open-file limit at 256 (so 24
+/// connections per listener by default) and a 3 s idle timeout, 40 idle connections to
+/// each TCP listener (peer port, mirror, metrics, TCP API) and to its unix socket leave
+/// `tessera status` answering within 1 s and a mount reading an uncached file
+/// correctly; the listeners count what they refused; once the idle timeout has passed
+/// the agent holds about the descriptors it held before; and a client sending its
+/// request head one byte a second is cut off.
+#[test]
+fn idle_connection_floods_leave_the_agent_serving() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 1, |_| "f".into(), 4 << 20, 92);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let config = t.path().join("agent.toml");
+    std::fs::write(&config, "[connections]\nidle_timeout_secs = 3\n").unwrap();
+    let token = t.path().join("token");
+    std::fs::write(&token, "secret\n").unwrap();
+    let port = |_| format!("127.0.0.1:{}", support::agent::free_port());
+    let [peer, mirror, api]: [String; 3] = [0, 1, 2].map(port);
+    let agent = AgentProcess::start_with_open_files(
+        &t.path().join("agent"),
+        256,
+        &[
+            "--prefetch",
+            "none",
+            "--config",
+            s(&config),
+            // No scheduler listens there: the agent still serves its peer port.
+            "--scheduler",
+            "http://127.0.0.1:9",
+            "--peer-listen",
+            &peer,
+            "--mirror-listen",
+            &mirror,
+            "--api-listen",
+            &api,
+            "--api-token-file",
+            s(&token),
+        ],
+    );
+    let pid = agent.pid().unwrap();
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    let before = open_fds(pid);
+
+    let tcp_listeners = [&peer, &mirror, &agent.metrics.clone(), &api];
+    let mut held: Vec<Box<dyn std::any::Any>> = Vec::new();
+    for addr in tcp_listeners {
+        for _ in 0..40 {
+            held.push(Box::new(
+                std::net::TcpStream::connect(addr.as_str()).unwrap(),
+            ));
+        }
+    }
+    for _ in 0..40 {
+        held.push(Box::new(
+            std::os::unix::net::UnixStream::connect(&agent.socket).unwrap(),
+        ));
+    }
+    let started = Instant::now();
+    agent.ok(&["status"]);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "status took {took:?} with every listener flooded:\n{}",
+        agent.log()
+    );
+    assert!(
+        std::fs::read(mnt.join("f")).unwrap() == files[0].1,
+        "a read with every listener flooded"
+    );
+
+    // A request head sent one byte a second is cut off after the idle timeout.
+    let mut slow = std::net::TcpStream::connect(mirror.as_str()).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let slow_started = Instant::now();
+    let mut cut_off = false;
+    for b in "GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n".bytes() {
+        if slow.write_all(&[b]).is_err() {
+            cut_off = true;
+            break;
+        }
+        // A second for an answer: EOF or a reset means the agent hung up.
+        match slow.read(&mut [0u8; 64]) {
+            Ok(0) => {
+                cut_off = true;
+                break;
+            }
+            Err(e)
+                if e.kind() != std::io::ErrorKind::WouldBlock
+                    && e.kind() != std::io::ErrorKind::TimedOut =>
+            {
+                cut_off = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(cut_off, "a one-byte-a-second request head was not cut off");
+    assert!(slow_started.elapsed() < Duration::from_secs(10));
+
+    // Past the idle timeout the idle connections are closed, held or not.
+    std::thread::sleep(Duration::from_secs(5));
+    let after = open_fds(pid);
+    assert!(
+        after <= before + 8,
+        "the agent holds {after} descriptors, {before} before the flood:\n{}",
+        agent.log()
+    );
+    drop(held);
+    let metrics = agent.metrics();
+    for listener in ["peer", "mirror", "metrics", "api-tcp"] {
+        let line = format!("tessera_agent_connections_refused_total{{listener=\"{listener}\"}}");
+        let refused: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line} in:\n{metrics}"));
+        assert!(
+            refused >= 10,
+            "{listener}: {refused} refused of 40 over a cap of 24"
+        );
+    }
+}

@@ -88,6 +88,14 @@ fn the_second_agent_reads_from_the_first() {
         swarm.total()
     );
     assert!(first.status()["swarm"]["uploaded_bytes"].as_u64().unwrap() >= swarm.total());
+
+    // The scheduler stops cleanly on SIGTERM with agents connected (no panic: checked
+    // when it is dropped).
+    let status = swarm
+        .scheduler
+        .terminate(Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("the scheduler did not exit within 5 s of SIGTERM"));
+    assert!(status.success(), "scheduler exit status {status}");
 }
 
 /// Twelve agents start reading the same image at the same moment through a capped

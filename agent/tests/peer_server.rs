@@ -167,7 +167,13 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                         corrupt,
                     },
                 );
-                tokio::spawn(server.serve(listener, Some(token_file.clone()), None));
+                tokio::spawn(server.serve(
+                    listener,
+                    gate(),
+                    grpc(),
+                    Some(token_file.clone()),
+                    None,
+                ));
             }
             let channel = |url: String| async move {
                 tonic::transport::Endpoint::from_shared(url)
@@ -247,6 +253,8 @@ fn the_peer_service_speaks_tls_when_configured() {
             );
             tokio::spawn(server.serve(
                 listener,
+                gate(),
+                grpc(),
                 None,
                 Some(ServerTlsConfig::new().identity(identity)),
             ));
@@ -279,4 +287,13 @@ fn the_peer_service_speaks_tls_when_configured() {
                 assert!(client.fetch_chunks(request(&[&a])).await.is_err());
             }
         });
+}
+
+/// The peer port's gate and gRPC limits as the agent's defaults set them.
+fn gate() -> tessera_proto::listen::Gate {
+    tessera_proto::listen::Gate::new("peer", 1024, Duration::from_secs(30))
+}
+
+fn grpc() -> tonic::transport::Server {
+    tessera_proto::listen::grpc_server(256, Duration::from_secs(600))
 }

@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod domain;
+pub mod listen;
 pub mod ranges;
 pub mod tls;
 

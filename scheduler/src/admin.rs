@@ -32,6 +32,7 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use tessera_proto::domain::HostId;
+use tessera_proto::listen::Gate;
 use tokio::sync::Semaphore;
 
 use crate::preheat::{PreheatRequest, Preheats, Refusal, State};
@@ -109,6 +110,8 @@ pub struct Admin {
     limit: Semaphore,
     /// Set once the gRPC service listens.
     pub ready: std::sync::atomic::AtomicBool,
+    /// The listeners' gates, whose refusals the metrics show.
+    gates: std::sync::OnceLock<Vec<Gate>>,
 }
 
 #[derive(Serialize)]
@@ -171,6 +174,7 @@ impl Admin {
             started: Instant::now(),
             limit: Semaphore::new(MAX_CONCURRENT),
             ready: std::sync::atomic::AtomicBool::new(false),
+            gates: std::sync::OnceLock::new(),
         }))
     }
 
@@ -182,13 +186,22 @@ impl Admin {
         self.preheats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Serves plain HTTP on `listener` until the task is dropped.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+    /// Counts the refusals of these listeners' gates in the metrics.
+    pub fn count_refusals(&self, gates: Vec<Gate>) {
+        let _ = self.gates.set(gates);
+    }
+
+    /// Serves plain HTTP on `listener` until the task is dropped, taking connections
+    /// through `gate`; a request head must arrive within `idle`, also between requests.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        gate: Gate,
+        idle: Duration,
+    ) {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(self.clone().serve_connection(stream));
+            let stream = gate.accept(&listener).await;
+            tokio::spawn(self.clone().serve_connection(stream, idle));
         }
     }
 
@@ -196,28 +209,29 @@ impl Admin {
     pub async fn serve_tls(
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
+        gate: Gate,
+        idle: Duration,
         tls: tokio_rustls::TlsAcceptor,
     ) {
         loop {
-            let Ok((stream, peer)) = listener.accept().await else {
-                continue;
-            };
+            let stream = gate.accept(&listener).await;
+            let peer = stream.get_ref().peer_addr().ok();
             let (admin, tls) = (self.clone(), tls.clone());
             tokio::spawn(async move {
                 // A client that never finishes its handshake must not hold a task.
                 let handshake = tokio::time::timeout(Duration::from_secs(10), tls.accept(stream));
                 match handshake.await {
-                    Ok(Ok(stream)) => admin.serve_connection(stream).await,
+                    Ok(Ok(stream)) => admin.serve_connection(stream, idle).await,
                     Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "admin API: TLS handshake failed")
+                        tracing::debug!(?peer, error = %e, "admin API: TLS handshake failed")
                     }
-                    Err(_) => tracing::debug!(%peer, "admin API: TLS handshake timed out"),
+                    Err(_) => tracing::debug!(?peer, "admin API: TLS handshake timed out"),
                 }
             });
         }
     }
 
-    async fn serve_connection<IO>(self: Arc<Self>, io: IO)
+    async fn serve_connection<IO>(self: Arc<Self>, io: IO, idle: Duration)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -227,7 +241,7 @@ impl Admin {
         });
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
+            .header_read_timeout(idle)
             .serve_connection(hyper_util::rt::TokioIo::new(io), service)
             .await;
     }
@@ -571,6 +585,17 @@ impl Admin {
         }
         drop(preheats);
         registry.register("preheat_jobs", "Preheat jobs kept, by state", jobs);
+        let refused = Family::<Vec<(String, String)>, Counter>::default();
+        for gate in self.gates.get().into_iter().flatten() {
+            refused
+                .get_or_create(&vec![("listener".to_string(), gate.name().to_string())])
+                .inc_by(gate.refused());
+        }
+        registry.register(
+            "connections_refused",
+            "Connections closed at once because their listener was at its cap",
+            refused,
+        );
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
             out.clear();

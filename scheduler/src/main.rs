@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use tessera_proto::auth::{RequireBearer, TokenFile};
 use tessera_proto::domain::HostId;
+use tessera_proto::listen;
 use tessera_proto::pb::scheduler_server::SchedulerServer;
 use tessera_scheduler::admin::{Admin, AdminTokens};
 use tessera_scheduler::preheat::Preheats;
@@ -101,6 +102,17 @@ struct ServeArgs {
         default_value = "/var/lib/tessera-scheduler"
     )]
     state_dir: std::path::PathBuf,
+    /// Connections each listener (gRPC, admin) holds at once; one past it is closed at
+    /// once and counted. 0: derived from the open-file limit.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    max_connections: usize,
+    /// A connection that sends nothing for this long is closed; on the admin API also
+    /// one whose request head takes longer, or idle between requests.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    idle_timeout_secs: u64,
+    /// gRPC connections are closed gracefully at this age; agents reconnect.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    max_connection_age_secs: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -160,6 +172,32 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // Every agent is a connection: use all the descriptors the system allows.
+    let fd_limit = match listen::raise_fd_limit() {
+        Ok(limit) => {
+            tracing::info!(open_files = limit, "open-file limit");
+            limit
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not raise the open-file limit");
+            listen::fd_limit()
+        }
+    };
+    let cap = match cli.max_connections {
+        0 => listen::default_cap(fd_limit, 2),
+        n => n,
+    };
+    let idle = Duration::from_secs(cli.idle_timeout_secs.max(1));
+    let grpc_gate = listen::Gate::new("grpc", cap, idle);
+    let admin_gate = listen::Gate::new("admin", cap, idle);
+    if let Some(admin) = &admin {
+        admin.count_refusals(vec![grpc_gate.clone(), admin_gate.clone()]);
+    }
+    tracing::info!(
+        per_listener = cap,
+        idle_timeout_secs = idle.as_secs(),
+        "connection limits"
+    );
     runtime.block_on(async move {
         if let (Some(addr), Some(admin)) = (cli.admin_listen, &admin) {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -169,11 +207,11 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
                 (Some(cert), Some(key)) => {
                     let tls = tessera_scheduler::admin::tls_acceptor(cert, key)?;
                     tracing::info!(listen = %addr, tls = true, "admin API ready");
-                    tokio::spawn(admin.clone().serve_tls(listener, tls));
+                    tokio::spawn(admin.clone().serve_tls(listener, admin_gate, idle, tls));
                 }
                 _ => {
                     tracing::info!(listen = %addr, tls = false, "admin API ready");
-                    tokio::spawn(admin.clone().serve(listener));
+                    tokio::spawn(admin.clone().serve(listener, admin_gate, idle));
                 }
             }
         }
@@ -207,10 +245,8 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         );
         // A flood is bounded: requests at once per connection, streams per connection,
         // and time per request (every call is small; a stuck one must not pile up).
-        let mut server = tonic::transport::Server::builder()
-            .concurrency_limit_per_connection(256)
-            .max_concurrent_streams(Some(512))
-            .timeout(Duration::from_secs(10));
+        let max_age = Duration::from_secs(cli.max_connection_age_secs.max(1));
+        let mut server = listen::grpc_server(256, max_age).timeout(Duration::from_secs(10));
         if let Some(tls) = tls {
             server = server.tls_config(tls).context("configure TLS")?;
         }
@@ -229,8 +265,8 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         server
             .add_service(service)
             .serve_with_incoming_shutdown(
-                // Small answers must not wait on Nagle and delayed ACKs.
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                // Nagle is off on every admitted connection: small answers go at once.
+                grpc_gate.incoming(listener),
                 async {
                     shutdown_signal().await;
                     tracing::info!("shutting down");

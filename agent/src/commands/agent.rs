@@ -52,6 +52,10 @@ pub struct AgentArgs {
     /// Background fetching after a mount.
     #[arg(long, env = "TESSERA_PREFETCH", value_enum)]
     prefetch: Option<Prefetch>,
+    /// On SIGTERM or SIGINT, let reads in flight go on this long (seconds, default
+    /// 10) before failing what is left with EIO, unmounting and exiting.
+    #[arg(long, env = "TESSERA_SHUTDOWN_GRACE", value_name = "SECS")]
+    shutdown_grace: Option<u64>,
     /// Join the swarm of this scheduler (`http://host:port`): fetch from peers before
     /// the origin and serve peers.
     #[arg(long, env = "TESSERA_SCHEDULER", value_name = "URL")]
@@ -132,6 +136,9 @@ impl AgentArgs {
         }
         if let Some(v) = self.cache_capacity {
             c.cache_capacity = v;
+        }
+        if let Some(v) = self.shutdown_grace {
+            c.shutdown_grace_secs = v;
         }
         if let Some(v) = &self.metrics_listen {
             c.metrics_listen = Some(v.clone());
@@ -221,10 +228,21 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         eprintln!("tessera agent: the configuration is valid");
         return Ok(());
     }
-    runtime()?.block_on(async move {
+    // Every connection and every cached chunk file is a descriptor: use all the
+    // system allows this process.
+    match tessera_proto::listen::raise_fd_limit() {
+        Ok(limit) => tracing::info!(open_files = limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
+    }
+    let runtime = runtime()?;
+    let result = runtime.block_on(async move {
         let listeners = bind(&config).await?;
         Ok(daemon::run(config, listeners, shutdown_signal()).await?)
-    })
+    });
+    // Reads have been failed and mounts detached by now; blocking work still running
+    // (a disk write, a hash) is not waited for past this.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    result
 }
 
 /// Binds the TCP listeners `config` names (the unix sockets are bound by the daemon,
@@ -248,6 +266,8 @@ async fn bind(config: &AgentConfig) -> Result<Listeners> {
     })
 }
 
+/// Completes at the first SIGTERM or SIGINT; from then on a second one ends the
+/// process at once, without waiting for the shutdown's grace period.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut term) = signal(SignalKind::terminate()) else {
@@ -258,6 +278,14 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        eprintln!("tessera agent: a second signal: exiting now, without unmounting");
+        std::process::exit(1);
+    });
 }
 
 #[derive(Debug, Args)]

@@ -1,13 +1,18 @@
 //! Serving the local API ([`crate::api`]): one request line per connection, answered
 //! by the [`Agent`]; on TCP only with the current token.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tessera_proto::listen::Gate;
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf,
+};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::oneshot;
 
 use super::Agent;
 use crate::api::{Envelope, Response};
@@ -25,13 +30,43 @@ pub enum Transport {
     Tcp,
 }
 
-/// Serves the local API on its unix socket until dropped.
-pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        tokio::spawn(serve_connection(agent.clone(), stream, Transport::Unix));
+/// Connections of the unix API still waiting for their request, oldest first, each with
+/// the way to close it.
+type Waiting = VecDeque<(u64, oneshot::Sender<()>)>;
+
+/// Serves the local API on its unix socket until dropped. Connections still waiting
+/// for their request never fill more than half the listener's cap: past that the
+/// oldest is closed to let the new one in, so local clients that connect and say
+/// nothing can never lock `tessera status` (or the kubelet's probe) out.
+pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener, gate: Gate) {
+    let waiting: Arc<Mutex<Waiting>> = Arc::default();
+    let room = (agent.connections().cap() / 2).max(1);
+    for id in 0u64.. {
+        let stream = gate.accept(&listener).await;
+        let (evict, evicted) = oneshot::channel();
+        {
+            let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+            while waiting.len() >= room {
+                if let Some((_, oldest)) = waiting.pop_front() {
+                    let _ = oldest.send(());
+                }
+            }
+            waiting.push_back((id, evict));
+        }
+        let (agent, waiting) = (agent.clone(), waiting.clone());
+        tokio::spawn(async move {
+            let request = tokio::select! {
+                request = read_request(&agent, stream) => request,
+                _ = evicted => return,
+            };
+            waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(w, _)| *w != id);
+            if let Some((line, write)) = request {
+                answer(&agent, &line, write, Transport::Unix).await;
+            }
+        });
     }
 }
 
@@ -40,6 +75,7 @@ pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener) {
 pub fn serve_tcp(
     agent: Arc<Agent>,
     listener: TcpListener,
+    gate: Gate,
     tls: Option<(&Path, &Path)>,
 ) -> crate::Result<impl Future<Output = ()>> {
     let tls = match tls {
@@ -48,9 +84,7 @@ pub fn serve_tcp(
     };
     Ok(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+            let stream = gate.accept(&listener).await;
             let Some(tls) = tls.clone() else {
                 tokio::spawn(serve_connection(agent.clone(), stream, Transport::Tcp));
                 continue;
@@ -73,14 +107,41 @@ pub async fn serve_connection(
     stream: impl AsyncRead + AsyncWrite + Unpin,
     transport: Transport,
 ) {
-    let (read, mut write) = tokio::io::split(stream);
+    if let Some((line, write)) = read_request(&agent, stream).await {
+        answer(&agent, &line, write, transport).await;
+    }
+}
+
+/// The connection's request line (up to [`MAX_REQUEST`] bytes) and its write half;
+/// `None` when the client sent none within the local API's request timeout.
+async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
+    agent: &Agent,
+    stream: S,
+) -> Option<(Result<String, String>, WriteHalf<S>)> {
+    let (read, write) = tokio::io::split(stream);
     let mut line = String::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST);
-    let response = match reader.read_line(&mut line).await {
-        Err(e) => failure(format!("read request: {e}")),
-        Ok(_) => match serde_json::from_str::<Envelope>(&line) {
+    // A client that does not send its request in time holds nothing for long.
+    let wait = agent.connections().api_request();
+    match tokio::time::timeout(wait, reader.read_line(&mut line)).await {
+        Err(_) => None,
+        Ok(Err(e)) => Some((Err(format!("read request: {e}")), write)),
+        Ok(Ok(_)) => Some((Ok(line), write)),
+    }
+}
+
+/// Answers a request line on `write`.
+async fn answer<W: AsyncWrite + Unpin>(
+    agent: &Arc<Agent>,
+    line: &Result<String, String>,
+    mut write: W,
+    transport: Transport,
+) {
+    let response = match line {
+        Err(e) => failure(e.clone()),
+        Ok(line) => match serde_json::from_str::<Envelope>(line) {
             Err(e) => failure(format!("bad request: {e}")),
-            Ok(envelope) => match authorize(&agent, &envelope, transport) {
+            Ok(envelope) => match authorize(agent, &envelope, transport) {
                 Err(e) => failure(e),
                 Ok(()) => match agent.handle(envelope.request).await {
                     Ok(result) => Response {

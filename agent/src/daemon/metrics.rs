@@ -17,15 +17,15 @@ use prometheus_client::registry::Registry;
 /// What every answer is labelled with (the encoder writes OpenMetrics text).
 const CONTENT_TYPE_OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// How long a client may take to send its request's head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Serves Prometheus text on `GET /metrics` (and `GET /healthz`) until dropped.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: Arc<Registry>) {
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    gate: tessera_proto::listen::Gate,
+    header_read_timeout: Duration,
+    registry: Arc<Registry>,
+) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
+        let stream = gate.accept(&listener).await;
         let registry = registry.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<_>| {
@@ -37,7 +37,7 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: Arc<Regi
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(false)
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(header_read_timeout)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
         });

@@ -9,6 +9,7 @@
 //! before anyone mounts them.
 
 mod collector;
+mod connections;
 mod lifecycle;
 pub mod local_api;
 mod metrics;
@@ -30,6 +31,7 @@ pub use status::{MountStatus, Status, SwarmStatus};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use serde::Serialize;
@@ -44,6 +46,7 @@ use crate::peer::preheat::PreheatSender;
 use crate::peer::{Network, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
+use connections::Connections;
 use lifecycle::Mount;
 
 /// The daemon's state, shared by the API, the metrics endpoint and the FUSE workers.
@@ -67,12 +70,15 @@ pub struct Agent {
     /// The peer service and the membership task, when P2P is on (stopped at shutdown).
     p2p_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     mirror: Option<Arc<Mirror>>,
+    /// The limits of every listener.
+    connections: Connections,
 }
 
 /// Starts serving peers from `cache` on `listener` (bound to `p2p.peer_listen`) and
 /// joins the swarm; the preheat jobs the scheduler hands out go to `preheat_tasks`.
 fn join_swarm(
     p2p: &P2pConfig,
+    connections: &Connections,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
     preheat_tasks: PreheatSender,
@@ -100,8 +106,13 @@ fn join_swarm(
     let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
+    let gate = connections.gate("peer");
+    let grpc = tessera_proto::listen::grpc_server(
+        connections.streams_per_connection(),
+        connections.max_age(),
+    );
     let serving = tokio::spawn(async move {
-        if let Err(e) = server.serve(listener, token, tls).await {
+        if let Err(e) = server.serve(listener, gate, grpc, token, tls).await {
             tracing::error!(error = %e, "the peer service stopped");
         }
     });
@@ -155,6 +166,12 @@ impl Agent {
             Arc::new(FetchMetrics::default()),
         );
         let mut network = None;
+        let connections = Connections::new(&config.connections);
+        tracing::info!(
+            per_listener = connections.cap(),
+            idle_timeout_secs = connections.idle().as_secs(),
+            "connection limits"
+        );
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         let mut p2p_tasks = Vec::new();
         let mut preheat_jobs = None;
@@ -164,8 +181,14 @@ impl Agent {
                 problem: "set, but no listener for it was given to the agent",
             })?;
             let (sender, receiver) = crate::peer::preheat::queue();
-            let (joined, tasks) =
-                join_swarm(&config.p2p, cache.clone(), tables.clone(), sender, listener)?;
+            let (joined, tasks) = join_swarm(
+                &config.p2p,
+                &connections,
+                cache.clone(),
+                tables.clone(),
+                sender,
+                listener,
+            )?;
             fetcher = fetcher.with_peers(joined.clone());
             network = Some(joined);
             p2p_tasks = tasks;
@@ -194,6 +217,7 @@ impl Agent {
             started: std::time::Instant::now(),
             p2p_tasks: Mutex::new(p2p_tasks),
             mirror,
+            connections,
         });
         if let (Some(network), Some(jobs)) = (agent.network.as_ref(), preheat_jobs) {
             let running = tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), jobs));
@@ -220,9 +244,15 @@ impl Agent {
         &self.config
     }
 
+    /// The limits of every listener (each server takes its gate here).
+    pub(crate) fn connections(&self) -> &Connections {
+        &self.connections
+    }
+
     /// Registers every metric of the agent in `registry`.
     pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
         self.fetcher.metrics.register(registry);
+        self.connections.register(registry);
         if let Some(mirror) = &self.mirror {
             mirror.metrics.register(registry);
         }
@@ -255,6 +285,30 @@ impl Agent {
             }
             Request::Status => Ok(to_json(self.status())),
         }
+    }
+
+    /// The first step of a shutdown: goes on serving reads (they are the containers')
+    /// until no FUSE read has come for [`QUIET`] and none waits on the network, for up
+    /// to `grace`; then fails those still waiting with EIO, so no reader hangs on an
+    /// agent that is going. (A reader between two reads of a file is not done: hence
+    /// the quiet time rather than "nothing waiting right now".)
+    pub async fn finish_reads(&self, grace: Duration) {
+        const QUIET: Duration = Duration::from_secs(1);
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < grace
+            && (self.fetcher.reads_waiting() > 0 || self.fetcher.read_within(QUIET))
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.fetcher.reads_waiting();
+        if left > 0 {
+            tracing::warn!(
+                reads = left,
+                grace_secs = grace.as_secs(),
+                "reads still waiting when the shutdown grace ran out: failed with EIO"
+            );
+        }
+        self.fetcher.stop();
     }
 
     /// Unmounts everything (shutdown), logging each mount's summary.

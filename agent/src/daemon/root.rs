@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, UnixListener};
@@ -96,16 +97,19 @@ pub async fn run(
     let client = node_client(&config)?;
     let agent = Agent::start(config.clone(), client, listeners.peer)?;
     let mut servers = tokio::task::JoinSet::new();
+    let limits = agent.connections();
     servers.spawn(local_api::serve_unix(
         agent.clone(),
         bind_unix(&config.socket)?,
+        limits.gate("api-unix"),
     ));
     if let Some(listener) = listeners.api {
         let tls = config
             .api_tls_cert
             .as_deref()
             .zip(config.api_tls_key.as_deref());
-        servers.spawn(local_api::serve_tcp(agent.clone(), listener, tls)?);
+        let gate = limits.gate("api-tcp");
+        servers.spawn(local_api::serve_tcp(agent.clone(), listener, gate, tls)?);
     }
     // The snapshotter serves containerd only once what was mounted before a restart
     // is served again (a container prepared meanwhile would see an empty layer).
@@ -119,18 +123,26 @@ pub async fn run(
         if let Some(s) = &snapshotter {
             s.metrics.register(&mut registry);
         }
-        servers.spawn(serve_metrics(listener, Arc::new(registry)));
+        let gate = limits.gate("metrics");
+        servers.spawn(serve_metrics(
+            listener,
+            gate,
+            limits.idle(),
+            Arc::new(registry),
+        ));
     }
     if let (Some(listener), Some(mirror), Some(addr)) =
         (listeners.mirror, agent.mirror(), &config.mirror.listen)
     {
         tracing::info!(listen = %addr, "registry mirror ready");
-        servers.spawn(mirror.clone().serve(listener));
+        let gate = limits.gate("mirror");
+        servers.spawn(mirror.clone().serve(listener, gate, limits.idle()));
     }
     if let (Some(socket), Some(snapshotter)) = (&config.snapshotter.socket, snapshotter) {
         let listener = snapshotter::listen(socket)?;
+        let gate = limits.gate("snapshotter");
         servers.spawn(async move {
-            if let Err(e) = snapshotter::serve(snapshotter, listener).await {
+            if let Err(e) = snapshotter::serve(snapshotter, listener, gate).await {
                 tracing::error!(error = %e, "the snapshotter stopped");
             }
         });
@@ -140,8 +152,13 @@ pub async fn run(
     // The daemon's two lines for people on its console, whatever the log level.
     eprintln!("tessera agent: listening on {}", config.socket.display());
     shutdown.await;
-    eprintln!("tessera agent: shutting down, unmounting");
+    let grace = Duration::from_secs(config.shutdown_grace_secs);
+    eprintln!(
+        "tessera agent: shutting down: no new requests; reads in flight have {}s, then unmounting",
+        grace.as_secs()
+    );
     servers.abort_all();
+    agent.finish_reads(grace).await;
     agent.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
     if let Some(socket) = &config.snapshotter.socket {
@@ -161,7 +178,7 @@ pub fn node_client(config: &AgentConfig) -> Result<Arc<RegistryClient>> {
     let client = RegistryClient::new(ClientOptions {
         plain_http: config.registry.insecure.clone(),
         credentials: docker.all_credentials()?,
-        timeout: std::time::Duration::from_secs(config.fetch.timeout_secs),
+        timeout: Duration::from_secs(config.fetch.timeout_secs),
         retries: config.fetch.retries,
         ..ClientOptions::default()
     })

@@ -45,7 +45,9 @@ pub use seams::{ForwardedOrigin, Origin, Peers, RegistryOrigin, Store};
 pub use unit::{Event, Fetched, Unit, Wanted};
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::time::Instant;
 
 use tokio::sync::watch;
@@ -63,9 +65,17 @@ type Outcome = std::result::Result<Fetched, ChunkFailure>;
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> std::result::Result<T, ChunkFailure> {
-    tokio::task::spawn_blocking(work)
+    started_blocking(work)
         .await
         .map_err(|_| ChunkFailure::Stopped)
+}
+
+/// [`blocking`], started now and awaited later (by a caller that goes on reading
+/// while its earlier work is done).
+fn started_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    tokio::task::spawn_blocking(work)
 }
 
 /// The pipeline, shared by every mount, prefetch, preheat job and the mirror.
@@ -79,6 +89,13 @@ pub struct Fetcher {
     /// Units handed out lately.
     memory: Mutex<Memory>,
     pub metrics: Arc<FetchMetrics>,
+    /// Set when the agent stops: reads waiting on the pipeline give up ([`Fetcher::stop`]).
+    stopped: watch::Sender<bool>,
+    /// FUSE reads blocked on a miss in [`Fetcher::read_blocking`] right now.
+    reads_waiting: AtomicUsize,
+    /// When the last FUSE read came, in milliseconds since `born`.
+    last_read_ms: AtomicU64,
+    born: std::time::Instant,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -105,7 +122,31 @@ impl Fetcher {
             memory: Mutex::new(Memory::new(config.memory_bytes)),
             config,
             metrics,
+            stopped: watch::channel(false).0,
+            reads_waiting: AtomicUsize::new(0),
+            last_read_ms: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         }
+    }
+
+    /// Stops serving reads: every FUSE read waiting on the pipeline, and every later
+    /// one, fails at once with [`ChunkFailure::Stopped`] (EIO to the reader) without
+    /// touching the runtime, which may be going away. The agent calls it when its
+    /// shutdown grace is over.
+    pub fn stop(&self) {
+        self.stopped.send_replace(true);
+    }
+
+    /// FUSE reads blocked on a miss right now (the shutdown waits for them, up to its
+    /// grace period).
+    pub fn reads_waiting(&self) -> usize {
+        self.reads_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether a FUSE read came within the last `recently`.
+    pub fn read_within(&self, recently: Duration) -> bool {
+        let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last) < recently
     }
 
     /// Fetches from peers (found through `peers`) before the origin.
@@ -164,13 +205,18 @@ impl Fetcher {
         index: u32,
         window: u64,
     ) -> Result<Arc<Vec<u8>>> {
+        let unit = image.unit(index)?;
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        self.last_read_ms.store(now_ms, Ordering::Relaxed);
+        if *self.stopped.borrow() {
+            return Err(chunk_error(image, &unit, ChunkFailure::Stopped));
+        }
         for next in image.read_ahead(index, window) {
             let (fetcher, image) = (self.clone(), image.clone());
             runtime.spawn(async move {
                 let _ = fetcher.chunk(&image, next).await;
             });
         }
-        let unit = image.unit(index)?;
         let wanted: Arc<dyn Wanted> = image.clone();
         if let Some(got) = self.in_memory(&wanted, &unit) {
             return Ok(got.data);
@@ -178,7 +224,19 @@ impl Fetcher {
         if let Some(got) = self.in_store(&wanted, &unit) {
             return Ok(got.data);
         }
-        runtime.block_on(self.chunk(image, index))
+        self.reads_waiting.fetch_add(1, Ordering::Relaxed);
+        let mut stopped = self.stopped.subscribe();
+        let got = runtime.block_on(async {
+            // Biased: once stopped, the fetch is not polled again (its timers may
+            // belong to a runtime that is shutting down).
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|s| *s) => Err(chunk_error(image, &unit, ChunkFailure::Stopped)),
+                got = self.chunk(image, index) => got,
+            }
+        });
+        self.reads_waiting.fetch_sub(1, Ordering::Relaxed);
+        got
     }
 
     fn in_memory(&self, wanted: &Arc<dyn Wanted>, unit: &Unit) -> Option<Fetched> {

@@ -16,7 +16,7 @@
 //! - Waits and rests together last at most `p2p.max_wait_secs`; then, or when told to,
 //!   or after [`FRUITLESS_ROUNDS`] rounds in which peers failed, the origin.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ pub const PARALLEL_PEERS: usize = 4;
 
 /// Rounds in which peers failed (not merely busy) before the origin is used instead.
 const FRUITLESS_ROUNDS: u32 = 2;
+
+/// Units of one slice verified and stored at once while the stream goes on.
+const CHECKS_IN_FLIGHT: usize = 4;
 
 /// Longest pause between two rounds of asking peers that were all busy.
 pub const BUSY_PAUSE_MAX: Duration = Duration::from_secs(1);
@@ -239,6 +242,12 @@ impl Fetcher {
             .max()
             .unwrap_or(0);
         let stall = peers.peer_timeout() * (largest >> 20).max(1);
+        // Units being checked (verified, stored, answered) on the blocking pool while
+        // the next ones arrive: reading waits for a check only when
+        // `CHECKS_IN_FLIGHT` are under way, so a peer's stream is never stalled behind
+        // the disk.
+        let mut checks: VecDeque<(usize, Check)> = VecDeque::new();
+        let mut taken: HashSet<usize> = HashSet::new();
         match peers.open(&peer, algo, digests).await {
             Err(f) => failure = Some(f),
             Ok(mut stream) => loop {
@@ -255,44 +264,50 @@ impl Fetcher {
                     Ok(Ok(Some(chunk))) => chunk,
                 };
                 // Peers answer in request order, skipping what they lack.
-                let Some(&i) = wanted_here.iter().find(|&&i| {
-                    run[i].unit.key.digest == chunk.digest && !got.iter().any(|(g, _)| *g == i)
-                }) else {
+                let Some(&i) = wanted_here
+                    .iter()
+                    .find(|&&i| run[i].unit.key.digest == chunk.digest && !taken.contains(&i))
+                else {
                     failure = Some(PeerFailure::Protocol);
                     break;
                 };
+                taken.insert(i);
                 let (this, wanted_c, run_c) = (self.clone(), wanted.clone(), run.clone());
-                let checked = super::blocking(move || {
-                    this.verify_and_keep(
-                        wanted_c.as_ref(),
-                        &run_c[i],
-                        &chunk.data,
-                        Compression::None,
-                        Source::Peer,
-                        started,
-                    )
-                })
-                .await;
-                match checked {
-                    Ok(Ok(fetched)) => got.push((i, fetched)),
-                    Ok(Err(reason)) => {
-                        tracing::error!(
-                            peer = %peer.id.0,
-                            address = %peer.address,
-                            blob,
-                            chunk = run[i].unit.index,
-                            reason,
-                            "chunk from a peer failed verification; discarded, peer reported"
-                        );
-                        failure = Some(PeerFailure::VerificationFailed);
+                checks.push_back((
+                    i,
+                    super::started_blocking(move || {
+                        this.verify_and_keep(
+                            wanted_c.as_ref(),
+                            &run_c[i],
+                            &chunk.data,
+                            Compression::None,
+                            Source::Peer,
+                            started,
+                        )
+                    }),
+                ));
+                // Collect what is done; wait only when too many are under way.
+                while checks
+                    .front()
+                    .is_some_and(|(_, c)| c.is_finished() || checks.len() > CHECKS_IN_FLIGHT)
+                {
+                    let Some((i, check)) = checks.pop_front() else {
                         break;
-                    }
-                    Err(_) => {
-                        failure = Some(PeerFailure::Connection);
-                        break;
+                    };
+                    if let Err(f) = collect(check.await, i, &peer, blob, run, &mut got) {
+                        failure.get_or_insert(f);
                     }
                 }
+                if failure.is_some() {
+                    break;
+                }
             },
+        }
+        // Checks already under way finish either way: a unit verified is a unit had.
+        for (i, check) in checks {
+            if let Err(f) = collect(check.await, i, &peer, blob, run, &mut got) {
+                failure.get_or_insert(f);
+            }
         }
         let elapsed = started.elapsed();
         let units = |have: bool| -> Vec<&Unit> {
@@ -340,6 +355,39 @@ impl Fetcher {
             None => {}
         }
         Slice { peer, got, failure }
+    }
+}
+
+/// A unit's check under way on the blocking pool.
+type Check = tokio::task::JoinHandle<Result<super::Fetched, String>>;
+
+/// Takes a finished check's result into `got`; a unit that failed verification (or a
+/// check that never finished) fails the peer.
+fn collect(
+    joined: Result<Result<super::Fetched, String>, tokio::task::JoinError>,
+    i: usize,
+    peer: &Peer,
+    blob: &str,
+    run: &[Planned],
+    got: &mut Vec<(usize, super::Fetched)>,
+) -> Result<(), PeerFailure> {
+    match joined {
+        Ok(Ok(fetched)) => {
+            got.push((i, fetched));
+            Ok(())
+        }
+        Ok(Err(reason)) => {
+            tracing::error!(
+                peer = %peer.id.0,
+                address = %peer.address,
+                blob,
+                chunk = run[i].unit.index,
+                reason,
+                "chunk from a peer failed verification; discarded, peer reported"
+            );
+            Err(PeerFailure::VerificationFailed)
+        }
+        Err(_) => Err(PeerFailure::Connection),
     }
 }
 

@@ -304,18 +304,16 @@ impl Mirror {
         }
     }
 
-    /// Serves the mirror on `listener` until the task is dropped.
-    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+    /// Serves the mirror on `listener` until the task is dropped, taking connections
+    /// through `gate`; a request head must arrive within `idle`, also between requests.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        gate: tessera_proto::listen::Gate,
+        idle: Duration,
+    ) {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "mirror: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
+            let stream = gate.accept(&listener).await;
             let mirror = self.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
@@ -324,6 +322,8 @@ impl Mirror {
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(idle)
                     .serve_connection(io, service)
                     .await
                 {

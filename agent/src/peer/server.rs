@@ -79,6 +79,8 @@ impl PeerServer {
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
+        gate: tessera_proto::listen::Gate,
+        server: tonic::transport::Server,
         token: Option<tessera_proto::auth::TokenFile>,
         tls: Option<tonic::transport::ServerTlsConfig>,
     ) -> crate::Result<()> {
@@ -88,22 +90,19 @@ impl PeerServer {
             self,
             tessera_proto::auth::RequireBearer::from_file(token, "peer service"),
         );
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = server;
         if let Some(tls) = tls {
             builder = builder
                 .tls_config(tls)
                 .map_err(|e| crate::Error::Agent(format!("peer service TLS: {e}")))?;
         }
+        // Uploads are bounded by `max_uploads`; the server's stream limit and the gate
+        // bound what a flood can open.
         builder
-            // Uploads are bounded by `max_uploads`; this bounds what a flood can open.
-            .max_concurrent_streams(Some(256))
-            .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
             .add_service(service)
-            .serve_with_incoming(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            )
+            .serve_with_incoming(gate.incoming(listener))
             .await
             .map_err(|e| crate::Error::Agent(format!("peer service on {addr:?} stopped: {e}")))
     }

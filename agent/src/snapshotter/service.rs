@@ -30,11 +30,11 @@ pub fn listen(path: &Path) -> Result<tokio::net::UnixListener> {
 pub async fn serve(
     snapshotter: Arc<Snapshotter>,
     listener: tokio::net::UnixListener,
+    gate: tessera_proto::listen::Gate,
 ) -> Result<()> {
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     tonic::transport::Server::builder()
         .add_service(SnapshotsServer::new(Service(snapshotter)))
-        .serve_with_incoming(incoming)
+        .serve_with_incoming(gate.incoming(listener))
         .await
         .map_err(|e| Error::Agent(format!("snapshotter service: {e}")))
 }

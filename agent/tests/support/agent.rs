@@ -18,9 +18,11 @@ pub struct AgentProcess {
     extra: Vec<String>,
     /// Runs in this cluster host's network namespace, if set.
     host: Option<NetHost>,
+    /// Started under `prlimit --nofile=N:N`, if set.
+    open_files: Option<u64>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("find a free port")
@@ -40,9 +42,29 @@ impl AgentProcess {
         AgentProcess::launch(dir, format!("{}:9464", host.ip), Some(host), extra)
     }
 
+    /// Starts an agent (as [`start`](Self::start)) whose open-file limit, soft and
+    /// hard, is `open_files` (`prlimit`, util-linux).
+    pub fn start_with_open_files(dir: &Path, open_files: u64, extra: &[&str]) -> AgentProcess {
+        let mut agent = AgentProcess::new(dir, format!("127.0.0.1:{}", free_port()), None, extra);
+        agent.open_files = Some(open_files);
+        agent.spawn();
+        agent
+    }
+
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     fn launch(dir: &Path, metrics: String, host: Option<&NetHost>, extra: &[&str]) -> AgentProcess {
+        let mut agent = AgentProcess::new(dir, metrics, host, extra);
+        agent.spawn();
+        agent
+    }
+
+    fn new(dir: &Path, metrics: String, host: Option<&NetHost>, extra: &[&str]) -> AgentProcess {
         std::fs::create_dir_all(dir).expect("agent dir");
-        let mut agent = AgentProcess {
+        AgentProcess {
             child: None,
             dir: dir.to_path_buf(),
             socket: dir.join("agent.sock"),
@@ -50,9 +72,8 @@ impl AgentProcess {
             metrics,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             host: host.cloned(),
-        };
-        agent.spawn();
-        agent
+            open_files: None,
+        }
     }
 
     fn spawn(&mut self) {
@@ -61,9 +82,16 @@ impl AgentProcess {
             .append(true)
             .open(self.dir.join("agent.log"))
             .expect("agent log");
-        let mut command = match &self.host {
-            Some(h) => h.command(env!("CARGO_BIN_EXE_tessera")),
-            None => tessera(),
+        let mut command = match (&self.host, self.open_files) {
+            (Some(h), _) => h.command(env!("CARGO_BIN_EXE_tessera")),
+            (None, Some(n)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_tessera"));
+                c
+            }
+            (None, None) => tessera(),
         };
         let child = command
             .arg("agent")
@@ -177,6 +205,30 @@ impl AgentProcess {
         self.spawn();
     }
 
+    /// Sends `signal` (`"TERM"`, `"INT"`) and waits up to `within` for the agent to
+    /// exit: its exit status, or `None` when it was still running (it is then killed).
+    pub fn signal_and_wait(
+        &mut self,
+        signal: &str,
+        within: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     /// SIGTERM, and SIGKILL if it has not exited within 10 s.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
@@ -201,6 +253,11 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.stop();
+        // No panic, ever: a test whose agent panicked fails, whatever it asserted.
+        let log = self.log();
+        if log.contains("panicked at") && !std::thread::panicking() {
+            panic!("the agent panicked:\n{log}");
+        }
         // Whatever a failed test left mounted under this agent's dir.
         if let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") {
             for line in table.lines() {

@@ -78,6 +78,29 @@ impl SchedulerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends SIGTERM and waits up to `within` for it to exit: its exit status, or
+    /// `None` when it was still running (it is then killed).
+    pub fn terminate(&self, within: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
     /// Kills it (SIGKILL): everything it knew is gone.
     pub fn kill9(&self) {
         let taken = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -108,5 +131,10 @@ impl SchedulerProcess {
 impl Drop for SchedulerProcess {
     fn drop(&mut self) {
         self.kill9();
+        // No panic, ever: a test whose scheduler panicked fails, whatever it asserted.
+        let log = self.log_text();
+        if log.contains("panicked at") && !std::thread::panicking() {
+            panic!("the scheduler panicked:\n{log}");
+        }
     }
 }

@@ -187,6 +187,7 @@ socket = {{ printf "%s/agent.sock" $a.socketDir | toJson }}
 cache_dir = {{ $paths.cache | toJson }}
 cache_capacity = {{ include "tessera.tomlSize" $a.cache.capacity }}
 prefetch = {{ $a.prefetch | toJson }}
+shutdown_grace_secs = {{ int64 $a.shutdownGraceSeconds }}
 
 [fetch]
 merge_bytes = {{ include "tessera.tomlSize" $a.fetch.mergeBytes }}
