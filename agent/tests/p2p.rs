@@ -98,6 +98,35 @@ fn the_second_agent_reads_from_the_first() {
     assert!(status.success(), "scheduler exit status {status}");
 }
 
+/// Agents busy with the start-up pattern — many small files, each fetched and announced
+/// on its own — keep their leases: three agents read 300 files of 16 KiB through a
+/// registry capped at 8 Mbit/s (about five seconds) with a 2 s lease, and the scheduler
+/// expires none of them (heartbeats used to wait while announcements kept coming).
+#[test]
+fn busy_agents_keep_their_leases() {
+    let mut swarm = Swarm::new(300, 16 << 10, "8mbit", &["--lease-secs", "2"]);
+    let agents: Vec<AgentProcess> = (0..3).map(|_| swarm.agent(&[])).collect();
+    for a in &agents {
+        wait_registered(a);
+    }
+    let mounts: Vec<PathBuf> = agents.iter().map(|a| swarm.mount(a)).collect();
+    let started = std::time::Instant::now();
+    read_all_at_once(&swarm, &mounts, || {});
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_secs(4),
+        "the reads took {took:?}: not long enough for two 2 s leases to matter"
+    );
+    let log = swarm.scheduler.log_text();
+    assert!(
+        !log.contains("leases expired"),
+        "a busy agent lost its lease:\n{log}"
+    );
+    for a in &agents {
+        assert!(!a.log().contains("lost the scheduler"), "{}", a.log());
+    }
+}
+
 /// Twelve agents start reading the same image at the same moment through a capped
 /// registry: the registry sends the image about once (≤ 1.2× its compressed size), and
 /// every agent reads every byte correctly.

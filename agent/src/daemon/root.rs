@@ -154,7 +154,7 @@ pub async fn run(
     shutdown.await;
     let grace = Duration::from_secs(config.shutdown_grace_secs);
     eprintln!(
-        "tessera agent: shutting down: no new requests; reads in flight have {}s, then unmounting",
+        "tessera agent: shutting down, unmounting once reads in flight are done (at most {} s)",
         grace.as_secs()
     );
     servers.abort_all();

@@ -306,6 +306,12 @@ class FullValues(unittest.TestCase):
 
     def test_graceful_termination(self):
         self.assertEqual(self.agent_pod["terminationGracePeriodSeconds"], 90)
+        self.assertEqual(self.config["shutdown_grace_secs"], 20)
+        # The defaults leave the agent time to unmount after its grace.
+        defaults = render()
+        grace = tomllib.loads(defaults.agent_config_text())["shutdown_grace_secs"]
+        pod = defaults.agent()["spec"]["template"]["spec"]
+        self.assertGreaterEqual(pod["terminationGracePeriodSeconds"], grace + 15)
         self.assertEqual(self.agent["spec"]["updateStrategy"],
                          {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}})
         ondelete = render([FULL_VALUES], ["agent.updateStrategy.type=OnDelete"]).agent()
