@@ -27,24 +27,33 @@ fn start() -> Scheduler {
 }
 
 fn start_with(extra: &[&str]) -> Scheduler {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
-        .args(["--listen", &addr, "--origin-fetchers", "1"])
-        .args(extra)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(Instant::now() < deadline, "scheduler did not listen");
-        std::thread::sleep(Duration::from_millis(20));
+    // The port is found free, then bound by the scheduler: another test may take it in
+    // between, and that scheduler would answer the probe while this one has exited.
+    // A scheduler that exits is started again on another port.
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera-scheduler"))
+            .args(["--listen", &addr, "--origin-fetchers", "1"])
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "scheduler did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        if child.try_wait().unwrap().is_none() {
+            return Scheduler { child, addr };
+        }
     }
-    Scheduler { child, addr }
+    panic!("the scheduler kept exiting at start");
 }
 
 fn host(id: &str, port: u16) -> pb::Host {
