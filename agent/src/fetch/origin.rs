@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use tessera_proto::pb;
 
-use super::run::Planned;
-use super::unit::{Event, Fetched, Wanted};
+use super::run::{Check, Planned};
+use super::unit::{Event, Wanted};
 use super::{Fetcher, Outcome, Source};
 use crate::ChunkFailure;
 
@@ -19,8 +19,6 @@ use crate::ChunkFailure;
 pub(super) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(200 << attempt.min(5))
 }
-
-type Check = tokio::task::JoinHandle<Result<Fetched, String>>;
 
 impl Fetcher {
     /// Fetches the run's missing units from the origin; returns the last failure's
@@ -58,7 +56,7 @@ impl Fetcher {
                     looked_at += 1;
                     let raw = arrived[from..to].to_vec();
                     let (this, wanted, run) = (self.clone(), wanted.clone(), run.clone());
-                    let check = tokio::task::spawn_blocking(move || {
+                    let check = super::started_blocking(move || {
                         this.verify_and_keep(
                             wanted.as_ref(),
                             &run[i],

@@ -26,7 +26,7 @@ use rafs_format::chunk::Compression;
 use tessera_proto::domain::{HostId, Peer, PeerChoice};
 use tessera_proto::pb;
 
-use super::run::{span, Planned};
+use super::run::{span, Check, Planned};
 use super::seams::Peers;
 use super::unit::{Unit, Wanted};
 use super::{Fetcher, Outcome, Source};
@@ -357,9 +357,6 @@ impl Fetcher {
         Slice { peer, got, failure }
     }
 }
-
-/// A unit's check under way on the blocking pool.
-type Check = tokio::task::JoinHandle<Result<super::Fetched, String>>;
 
 /// Takes a finished check's result into `got`; a unit that failed verification (or a
 /// check that never finished) fails the peer.

@@ -13,6 +13,10 @@ use super::{Fetcher, Outcome, Source};
 use crate::cache::ChunkKey;
 use crate::ChunkFailure;
 
+/// A unit's verification under way on the blocking pool ([`Fetcher::verify_and_keep`]),
+/// joined by the peer and origin steps once their stream has moved on.
+pub(super) type Check = tokio::task::JoinHandle<Result<Fetched, String>>;
+
 /// A unit a leader fetches, and where its waiters listen.
 pub(super) struct Planned {
     pub unit: Unit,
