@@ -212,21 +212,7 @@ impl AgentProcess {
         signal: &str,
         within: Duration,
     ) -> Option<std::process::ExitStatus> {
-        let mut child = self.child.take()?;
-        let _ = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(child.id().to_string())
-            .status();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        super::signal_and_wait(self.child.take()?, signal, within)
     }
 
     /// SIGTERM, and SIGKILL if it has not exited within 10 s.

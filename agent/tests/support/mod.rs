@@ -77,3 +77,26 @@ pub fn build(out: &Path, args: &[&str]) -> serde_json::Value {
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
+
+/// Sends `signal` (`"TERM"`, `"INT"`) to `child` and waits up to `within` for it to
+/// exit: its exit status, or `None` when it was still running (it is then killed).
+pub fn signal_and_wait(
+    mut child: std::process::Child,
+    signal: &str,
+    within: std::time::Duration,
+) -> Option<std::process::ExitStatus> {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status();
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}

@@ -81,24 +81,12 @@ impl SchedulerProcess {
     /// Sends SIGTERM and waits up to `within` for it to exit: its exit status, or
     /// `None` when it was still running (it is then killed).
     pub fn terminate(&self, within: Duration) -> Option<std::process::ExitStatus> {
-        let mut child = self
+        let child = self
             .child
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()?;
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
+        super::signal_and_wait(child, "TERM", within)
     }
 
     /// Kills it (SIGKILL): everything it knew is gone.
