@@ -12,7 +12,6 @@ use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf,
 };
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::oneshot;
 
 use super::Agent;
 use crate::api::{Envelope, Response};
@@ -31,8 +30,8 @@ pub enum Transport {
 }
 
 /// Connections of the unix API still waiting for their request, oldest first, each with
-/// the way to close it.
-type Waiting = VecDeque<(u64, oneshot::Sender<()>)>;
+/// the task serving it.
+type Waiting = VecDeque<(u64, tokio::task::JoinHandle<()>)>;
 
 /// Serves the local API on its unix socket until dropped. Connections still waiting
 /// for their request never fill more than half the listener's cap: past that the
@@ -42,31 +41,40 @@ pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener, gate: Gate) {
     let waiting: Arc<Mutex<Waiting>> = Arc::default();
     let room = (agent.connections().cap() / 2).max(1);
     for id in 0u64.. {
-        let stream = gate.accept(&listener).await;
-        let (evict, evicted) = oneshot::channel();
-        {
-            let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
-            while waiting.len() >= room {
-                if let Some((_, oldest)) = waiting.pop_front() {
-                    let _ = oldest.send(());
+        // The oldest waiting connection is closed before the next is accepted, and the
+        // accept waits until its task is gone: its slot under the cap is free again
+        // before a burst of new connections could fill the rest and be refused.
+        loop {
+            let oldest = {
+                let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+                if waiting.len() < room {
+                    break;
                 }
-            }
-            waiting.push_back((id, evict));
-        }
-        let (agent, waiting) = (agent.clone(), waiting.clone());
-        tokio::spawn(async move {
-            let request = tokio::select! {
-                request = read_request(&agent, stream) => request,
-                _ = evicted => return,
+                waiting.pop_front()
             };
-            waiting
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|(w, _)| *w != id);
+            if let Some((_, task)) = oldest {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        let stream = gate.accept(&listener).await;
+        let mut waiting_now = waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let (agent, waiting) = (agent.clone(), waiting.clone());
+        // Spawned under the lock, so the task cannot look for itself before it is listed.
+        let task = tokio::spawn(async move {
+            let request = read_request(&agent, stream).await;
+            {
+                let mut waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(at) = waiting.iter().position(|(w, _)| *w == id) else {
+                    return; // evicted while its request arrived
+                };
+                waiting.remove(at);
+            }
             if let Some((line, write)) = request {
                 answer(&agent, &line, write, Transport::Unix).await;
             }
         });
+        waiting_now.push_back((id, task));
     }
 }
 
