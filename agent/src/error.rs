@@ -99,6 +99,11 @@ pub enum Error {
     #[error(transparent)]
     Tls(#[from] tessera_proto::tls::TlsSetupError),
 
+    /// The cache's disk is full and nothing more could be evicted: the chunk was served
+    /// but not cached.
+    #[error("chunk cache: {} is full and nothing more can be evicted; serving chunks without caching them until space returns", dir.display())]
+    CacheDiskFull { dir: PathBuf },
+
     /// The local chunk cache's index (sled) failed.
     #[error("chunk cache: {reason}")]
     Cache { reason: String },

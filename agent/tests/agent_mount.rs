@@ -1059,3 +1059,123 @@ fn idle_connection_floods_leave_the_agent_serving() {
         );
     }
 }
+
+/// Reads every file of `files` under `mnt` and compares it with what the image holds.
+fn assert_files_read(mnt: &Path, files: &[(String, Vec<u8>)], when: &str, agent: &AgentProcess) {
+    for (name, data) in files {
+        let got = std::fs::read(mnt.join(name));
+        assert!(
+            got.as_ref().is_ok_and(|got| got == data),
+            "{when}: {name} read {:?}\nagent log:\n{}",
+            got.map(|g| g.len()),
+            agent.log()
+        );
+    }
+}
+
+/// The agent's cache figures from `tessera status --json`: (entries, degraded).
+fn cache_figures(agent: &AgentProcess) -> (u64, bool) {
+    let status = agent.status();
+    let cache = &status["cache"];
+    (
+        cache["entries"].as_u64().unwrap(),
+        cache["degraded"].as_bool().unwrap_or(false),
+    )
+}
+
+/// A cache disk full of another tenant's file: the agent starts, mounts and serves every
+/// file from the origin without caching (saying so), again after a restart, and caches
+/// again by itself once the space is back.
+#[test]
+fn a_full_cache_disk_still_starts_mounts_and_serves() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 6, |i| format!("f{i}"), 1 << 20, 281);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let dir = t.path().join("agent");
+    let disk = support::small_disk::SmallDisk::mount(&dir.join("cache"), 16);
+    let foreign = disk.fill("someone-elses-file");
+    // A small memory layer, so that reads once the space is back reach the cache.
+    let config = t.path().join("agent.toml");
+    std::fs::write(&config, "[fetch]\nmemory_bytes = 1048576\n").unwrap();
+    let mut agent = AgentProcess::start(&dir, &["--prefetch", "none", "--config", s(&config)]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "on a full disk", &agent);
+    assert_eq!(
+        cache_figures(&agent),
+        (0, true),
+        "nothing cached, and said so"
+    );
+    assert!(
+        agent.metrics().contains("tessera_agent_cache_degraded 1"),
+        "{}",
+        agent.metrics()
+    );
+    let warnings = agent.log().matches("not caching").count();
+    assert_eq!(warnings, 1, "one warning line a minute:\n{}", agent.log());
+
+    agent.restart();
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "restarted on a full disk", &agent);
+
+    std::fs::remove_file(&foreign).unwrap();
+    agent.ok(&["umount", s(&mnt)]);
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "with space again", &agent);
+    let (entries, degraded) = cache_figures(&agent);
+    // Each file is one chunk; the one left in the memory layer may not be stored.
+    assert!(
+        entries + 1 >= files.len() as u64 && !degraded,
+        "caching again once the space is back: {entries} entries, degraded {degraded}\n{}",
+        agent.log()
+    );
+    drop(agent);
+    drop(disk);
+}
+
+/// The cache disk fills up while reads run; the agent serves every read, and after a
+/// restart on the full disk it starts and serves them again.
+#[test]
+fn a_cache_disk_filled_mid_read_survives_a_restart() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 12, |i| format!("f{i}"), 1 << 20, 311);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let dir = t.path().join("agent");
+    let disk = support::small_disk::SmallDisk::mount(&dir.join("cache"), 24);
+    // No read-ahead and a small memory layer: each file is fetched and stored when read.
+    let config = t.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[fetch]\nmemory_bytes = 1048576\nreadahead_bytes = 0\n",
+    )
+    .unwrap();
+    let mut agent = AgentProcess::start(&dir, &["--prefetch", "none", "--config", s(&config)]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files[..6], "before the disk filled", &agent);
+    assert_eq!(
+        cache_figures(&agent),
+        (6, false),
+        "the first reads were cached"
+    );
+    disk.fill("someone-elses-file");
+    assert_files_read(&mnt, &files[6..], "after the disk filled", &agent);
+    // Each new chunk took the room of the oldest (the chunks no reader holds).
+    let (entries, degraded) = cache_figures(&agent);
+    let evictions = agent.status()["cache"]["evictions"].as_u64().unwrap();
+    assert!(
+        entries >= 5 && evictions >= 5 && !degraded,
+        "after the fill: {entries} entries, {evictions} evictions, degraded {degraded}\n{}",
+        agent.log()
+    );
+
+    agent.restart();
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "restarted on the full disk", &agent);
+    drop(agent);
+    drop(disk);
+}

@@ -19,7 +19,8 @@ use rafs_format::chunk::DigestAlgo;
 
 use super::ChunkKey;
 
-/// Stored under [`VERSION_KEY`]; an index of another version is refused, not misread.
+/// Stored under [`VERSION_KEY`]; an index of another version is rebuilt from the
+/// chunk files at open, never misread.
 pub(super) const LAYOUT_VERSION: u64 = 1;
 pub(super) const VERSION_KEY: &[u8] = b"version";
 /// First byte of entry records.

@@ -13,9 +13,12 @@
 //!   fsynced: a file torn by a power cut is caught by the next invariant.
 //! - **Nothing unverified is served.** `get` checks the file's size and digest before
 //!   returning it; a mismatch or an unreadable file drops the entry and is a miss.
-//! - **The index is the truth, checked at open.** Entries whose file is missing or has
-//!   the wrong size are dropped; stray and temp files are removed; the byte total is
-//!   recounted. Index records lost to sled's periodic flush only leave unindexed files.
+//! - **The index is checked at open and rebuilt from the files.** Entries whose file is
+//!   missing or has the wrong size are dropped; temp files and files not named like a
+//!   chunk are removed; chunk files without an entry (records lost to sled's periodic
+//!   flush, or a whole index lost) are indexed again, oldest first; the byte total is
+//!   recounted. An index that does not open is rebuilt this way, never a reason not
+//!   to start.
 //! - **Entry and LRU records change together.** Every change is one atomic sled batch,
 //!   made under the key's stripe lock together with the file change, so concurrent
 //!   `put`, `get`, eviction and removal of one key are serialised (reads of the file are
@@ -25,6 +28,13 @@
 //!   clock jumps, and a hit costs one batch rather than a scan.
 //! - **Capacity is kept after every put** by evicting from the front of the LRU order,
 //!   skipping pinned chunks; a full disk evicts a little and tries the write again.
+//! - **A full disk degrades, it does not stop.** When the disk (shared with other
+//!   tenants) is full and nothing can be evicted, `put` fails with
+//!   [`Error::CacheDiskFull`], the cache reports itself degraded (status, metric, one
+//!   warning a minute) and the caller serves the bytes uncached; the next put that fits
+//!   ends it. At open, a full disk gives up the oldest chunk files for the index; with
+//!   none left the index is kept in memory (sled's temporary mode) until the next start,
+//!   whose rebuild picks up whatever was cached meanwhile.
 //!
 //! [`pieces`] keeps, beside the chunks, the piece tables of plain blobs the registry
 //! mirror cut (the peer service serves them too, so they sit below both).
@@ -39,8 +49,10 @@ use std::fmt;
 use std::fs;
 use std::io::{self, ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use rafs_format::chunk::DigestAlgo;
 use serde::{Deserialize, Serialize};
@@ -76,6 +88,9 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Cached files that no longer matched their size or digest (disk corruption).
     pub verification_failures: u64,
+    /// The disk is full: chunks are served without being cached.
+    #[serde(default)]
+    pub degraded: bool,
 }
 
 /// Memory sled may use for its page cache (its default is 1 GiB).
@@ -84,6 +99,10 @@ const INDEX_MEMORY: u64 = 64 << 20;
 const STRIPES: usize = 64;
 /// Times `put` frees space and writes again after the disk reported itself full.
 const FULL_RETRIES: u32 = 2;
+/// Chunk bytes given up at open when the disk is too full for the index to open.
+const INDEX_ROOM: u64 = 16 << 20;
+/// At most one warning this often while the disk stays full.
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Pin counts of the keys of one stripe; the stripe's mutex also serialises every change
 /// to those keys' files and index records.
@@ -109,6 +128,10 @@ pub struct ChunkCache {
     stripes: Box<[Mutex<Pins>]>,
     /// One evictor at a time: two would race each other over the same LRU front.
     evicting: Mutex<()>,
+    /// The last put found the disk full with nothing left to evict.
+    disk_full: AtomicBool,
+    /// When the full disk was last warned about.
+    full_warned: Mutex<Option<Instant>>,
     /// Test hook: how many coming writes fail as if the disk were full.
     #[cfg(test)]
     full_writes: std::sync::atomic::AtomicU32,
@@ -178,32 +201,7 @@ impl ChunkCache {
     pub fn open(dir: &Path, capacity: u64) -> Result<Self> {
         let data_dir = dir.join("data");
         fs::create_dir_all(&data_dir).map_err(|e| Error::io("create", &data_dir, e))?;
-        let index = sled::Config::new()
-            .path(dir.join("index"))
-            .cache_capacity(INDEX_MEMORY)
-            .open()
-            .map_err(index_error("open the index"))?;
-        let version = layout::LAYOUT_VERSION.to_be_bytes();
-        match index
-            .get(layout::VERSION_KEY)
-            .map_err(index_error("read the layout version"))?
-        {
-            Some(v) if *v == version => {}
-            Some(v) => {
-                return Err(Error::Cache {
-                    reason: format!(
-                        "{}: index layout version {v:?}, this agent reads version {}",
-                        dir.display(),
-                        layout::LAYOUT_VERSION
-                    ),
-                })
-            }
-            None => {
-                index
-                    .insert(layout::VERSION_KEY, &version)
-                    .map_err(index_error("write the layout version"))?;
-            }
-        }
+        let index = open_index(dir, &data_dir)?;
         let cache = ChunkCache {
             data_dir,
             index,
@@ -217,16 +215,19 @@ impl ChunkCache {
             verification_failures: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             evicting: Mutex::new(()),
+            disk_full: AtomicBool::new(false),
+            full_warned: Mutex::new(None),
             #[cfg(test)]
             full_writes: Default::default(),
         };
         let dropped = cache.check_entries()?;
-        let strays = cache.remove_strays()?;
+        let (adopted, strays) = cache.index_unindexed_files()?;
         tracing::info!(
             dir = %dir.display(),
             entries = cache.entries.load(Relaxed),
             bytes = cache.bytes.load(Relaxed),
             dropped,
+            adopted,
             strays,
             "chunk cache opened"
         );
@@ -280,7 +281,10 @@ impl ChunkCache {
         if size > self.capacity || self.touch(key)? {
             return Ok(());
         }
-        let tmp = self.write_temp(key, data)?;
+        let tmp = match self.write_temp(key, data) {
+            Ok(tmp) => tmp,
+            Err(e) => return Err(self.disk_full_or(e)),
+        };
         {
             let _stripe = self.stripe(key);
             if self.entry(key)?.is_some() {
@@ -304,7 +308,35 @@ impl ChunkCache {
             self.bytes.fetch_add(size, Relaxed);
             self.entries.fetch_add(1, Relaxed);
         }
+        if self.disk_full.swap(false, Relaxed) {
+            tracing::info!(dir = %self.data_dir.display(), "the cache disk has room again: caching chunks again");
+        }
         self.evict_to(self.capacity)
+    }
+
+    /// `e`, or [`Error::CacheDiskFull`] (marking the cache degraded, warning at most
+    /// once a minute) when `e` says the disk is full.
+    fn disk_full_or(&self, e: Error) -> Error {
+        if !matches!(&e, Error::Io { cause, .. } if is_disk_full(cause)) {
+            return e;
+        }
+        self.disk_full.store(true, Relaxed);
+        let full = Error::CacheDiskFull {
+            dir: self.data_dir.clone(),
+        };
+        let mut warned = self
+            .full_warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if warned.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
+            *warned = Some(Instant::now());
+            tracing::warn!(
+                dir = %self.data_dir.display(),
+                cached_bytes = self.bytes.load(Relaxed),
+                "the cache disk is full and nothing more can be evicted: not caching chunks until space returns (free space on that disk, or lower cache_capacity)"
+            );
+        }
+        full
     }
 
     /// Drops a chunk (the registry mirror drops the pieces of a blob that failed its
@@ -334,6 +366,7 @@ impl ChunkCache {
             misses: self.misses.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
             verification_failures: self.verification_failures.load(Relaxed),
+            degraded: self.disk_full.load(Relaxed),
         }
     }
 
@@ -405,15 +438,20 @@ impl ChunkCache {
         loop {
             match self.try_write_temp(&shard, data) {
                 Ok(tmp) => return Ok(tmp),
-                Err(e) if is_disk_full(&e) && attempt < FULL_RETRIES => {
+                Err(e) if is_disk_full(&e) && attempt < FULL_RETRIES && self.evictable() => {
                     attempt += 1;
                     let room = (data.len() as u64) << (2 * attempt - 1);
-                    tracing::warn!(chunk = %key, room, "disk full: evicting to make room");
+                    tracing::debug!(chunk = %key, room, "disk full: evicting to make room");
                     self.evict_to(self.bytes.load(Relaxed).saturating_sub(room))?;
                 }
                 Err(e) => return Err(Error::io("write a chunk in", shard, e)),
             }
         }
+    }
+
+    /// Whether eviction could free anything (pinned chunks aside).
+    fn evictable(&self) -> bool {
+        self.bytes.load(Relaxed) > 0
     }
 
     fn try_write_temp(&self, shard: &Path, data: &[u8]) -> io::Result<NamedTempFile> {
@@ -528,6 +566,8 @@ impl ChunkCache {
                 }
                 tracing::warn!(chunk = %key, path = %path.display(), "dropping a cache entry whose file is missing or cut short");
                 batch.remove(&lru_key(entry.seq, &key)[..]);
+                // Not to be indexed again as it is.
+                let _ = fs::remove_file(&path);
             }
             self.index
                 .apply_batch(batch)
@@ -550,10 +590,13 @@ impl ChunkCache {
         Ok(dropped)
     }
 
-    /// Removes temp files and files no entry names under `data/`. Returns how many.
+    /// Indexes chunk files that have no entry (their records were lost, or the whole
+    /// index was), oldest first so the LRU order roughly survives; removes temp files
+    /// and files not named like a chunk. Returns how many files it indexed and removed.
     /// Directories it did not make are left alone.
-    fn remove_strays(&self) -> Result<u64> {
+    fn index_unindexed_files(&self) -> Result<(u64, u64)> {
         let mut removed = 0;
+        let mut unindexed = Vec::new();
         for (algo_dir, _) in list(&self.data_dir)?.into_iter().filter(|(_, dir)| *dir) {
             let algo_name = algo_dir.file_name().and_then(|n| n.to_str());
             let Some(algo) = algo_name.and_then(|n| n.parse::<DigestAlgo>().ok()) else {
@@ -568,22 +611,152 @@ impl ChunkCache {
                         .and_then(|n| layout::parse_file_name(algo, n))
                         // Another shard's name, or upper-case hex: not where get looks.
                         .filter(|key| chunk_path(&self.data_dir, key) == path);
-                    let indexed = match key {
-                        Some(key) => self
-                            .index
-                            .contains_key(entry_key(&key))
-                            .map_err(index_error("read the index"))?,
-                        None => false,
-                    };
-                    if !indexed {
+                    let Some(key) = key else {
                         fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
                         removed += 1;
+                        continue;
+                    };
+                    let indexed = self
+                        .index
+                        .contains_key(entry_key(&key))
+                        .map_err(index_error("read the index"))?;
+                    if !indexed {
+                        let meta = fs::metadata(&path).map_err(|e| Error::io("stat", &path, e))?;
+                        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                        unindexed.push((modified, key, meta.len()));
                     }
                 }
             }
         }
-        Ok(removed)
+        // A file is renamed into place only once written whole, so these are chunks
+        // that were verified when stored (short of a power cut, as nothing is fsynced);
+        // `get` checks each again before serving it.
+        unindexed.sort_by_key(|(modified, _, _)| *modified);
+        let adopted = unindexed.len() as u64;
+        for (_, key, size) in unindexed {
+            let entry = Entry {
+                size,
+                seq: self.next_seq.fetch_add(1, Relaxed),
+            };
+            let mut batch = sled::Batch::default();
+            batch.insert(&entry_key(&key)[..], &entry.encode()[..]);
+            batch.insert(&lru_key(entry.seq, &key)[..], &[][..]);
+            self.index
+                .apply_batch(batch)
+                .map_err(index_error("index a chunk file"))?;
+            self.bytes.fetch_add(size, Relaxed);
+            self.entries.fetch_add(1, Relaxed);
+        }
+        Ok((adopted, removed))
     }
+}
+
+/// Opens the index in `dir/index` at this agent's layout version. An index that does
+/// not open, or holds another layout version, is removed and made anew (the caller
+/// rebuilds it from the files). A disk too full for it first gives up the oldest chunk
+/// files, and with none left the index lives in memory until the next start.
+fn open_index(dir: &Path, data_dir: &Path) -> Result<sled::Db> {
+    let path = dir.join("index");
+    // Sets `disk_full` when that was why it failed.
+    let open = |disk_full: &mut bool| -> Result<sled::Db> {
+        let index = sled::Config::new()
+            .path(&path)
+            .cache_capacity(INDEX_MEMORY)
+            .open()
+            .map_err(|e| {
+                *disk_full = matches!(&e, sled::Error::Io(io) if is_disk_full(io));
+                index_error("open the index")(e)
+            })?;
+        check_layout_version(&index)?;
+        Ok(index)
+    };
+    let mut disk_full = false;
+    let problem = match open(&mut disk_full) {
+        Ok(index) => return Ok(index),
+        Err(e) => e,
+    };
+    if disk_full {
+        let freed = remove_oldest_chunk_files(data_dir, INDEX_ROOM);
+        tracing::warn!(
+            dir = %dir.display(),
+            freed,
+            "chunk cache: the disk is too full to open the index: removed the oldest chunk files"
+        );
+    } else {
+        tracing::warn!(
+            dir = %dir.display(),
+            error = %problem,
+            "chunk cache: the index is damaged: rebuilding it from the chunk files"
+        );
+        if let Err(e) = fs::remove_dir_all(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove the damaged index");
+        }
+    }
+    match open(&mut disk_full) {
+        Ok(index) => return Ok(index),
+        Err(e) => tracing::warn!(
+            dir = %dir.display(),
+            error = %e,
+            "chunk cache: keeping the index in memory until the agent restarts (its disk is full or failing)"
+        ),
+    }
+    let index = sled::Config::new()
+        .temporary(true)
+        .cache_capacity(INDEX_MEMORY)
+        .open()
+        .map_err(index_error("open an index in memory"))?;
+    check_layout_version(&index)?;
+    Ok(index)
+}
+
+/// Fails unless the index is at this agent's layout version (writing it if unset).
+fn check_layout_version(index: &sled::Db) -> Result<()> {
+    let version = layout::LAYOUT_VERSION.to_be_bytes();
+    match index
+        .get(layout::VERSION_KEY)
+        .map_err(index_error("read the layout version"))?
+    {
+        Some(v) if *v == version => Ok(()),
+        Some(v) => Err(Error::Cache {
+            reason: format!(
+                "index layout version {v:?}, this agent reads version {}",
+                layout::LAYOUT_VERSION
+            ),
+        }),
+        None => index
+            .insert(layout::VERSION_KEY, &version)
+            .map(drop)
+            .map_err(index_error("write the layout version")),
+    }
+}
+
+/// Removes chunk files under `data_dir`, least recently modified first, until `room`
+/// bytes are freed or none is left; returns the bytes freed. Used before the index is
+/// open, so it goes by the files alone.
+fn remove_oldest_chunk_files(data_dir: &Path, room: u64) -> u64 {
+    let mut files = Vec::new();
+    let mut dirs = vec![data_dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for (path, is_dir) in list(&dir).unwrap_or_default() {
+            if is_dir {
+                dirs.push(path);
+            } else if let Ok(meta) = fs::metadata(&path) {
+                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                files.push((modified, path, meta.len()));
+            }
+        }
+    }
+    files.sort_by_key(|(modified, _, _)| *modified);
+    let mut freed = 0;
+    for (_, path, size) in files {
+        if freed >= room {
+            break;
+        }
+        if fs::remove_file(&path).is_ok() {
+            freed += size;
+        }
+    }
+    freed
 }
 
 /// What `dir` holds: each path, and whether it is a directory.

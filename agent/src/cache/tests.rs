@@ -143,7 +143,7 @@ fn entries_and_lru_order_survive_reopening() {
 }
 
 #[test]
-fn open_cleans_what_a_crash_left_and_never_serves_it() {
+fn open_cleans_what_a_crash_left_and_serves_only_whole_chunks() {
     let dir = tempfile::tempdir().unwrap();
     let all = chunks(5);
     let data_dir = dir.path().join("data");
@@ -167,14 +167,15 @@ fn open_cleans_what_a_crash_left_and_never_serves_it() {
 
     let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
     assert_consistent(&cache);
-    assert!(!tmp.exists() && !path(4).exists());
-    assert_eq!(cache.stats().entries, 2);
-    assert_eq!(cache.stats().bytes, 2 * SIZE as u64);
-    for i in [0, 1, 4] {
+    assert!(!tmp.exists() && !path(1).exists());
+    // The whole file nothing indexed is indexed again.
+    assert_eq!(cache.stats().entries, 3);
+    assert_eq!(cache.stats().bytes, 3 * SIZE as u64);
+    for i in [0, 1] {
         assert!(!cache.contains(&all[i].0));
         assert_eq!(cache.get(&all[i].0).unwrap(), None);
     }
-    for i in [2, 3] {
+    for i in [2, 3, 4] {
         assert_eq!(cache.get(&all[i].0).unwrap().as_ref(), Some(&all[i].1));
     }
 }
@@ -245,12 +246,59 @@ fn full_disk_evicts_and_retries_then_gives_up() {
 
     cache.full_writes.store(FULL_RETRIES + 1, Relaxed);
     let err = cache.put(&all[5].0, &all[5].1).unwrap_err();
-    assert!(
-        matches!(err, Error::Io { ref cause, .. } if is_disk_full(cause)),
-        "{err}"
-    );
+    assert!(matches!(err, Error::CacheDiskFull { .. }), "{err}");
     assert!(!cache.contains(&all[5].0));
+    assert!(cache.stats().degraded);
     assert_consistent(&cache);
+}
+
+#[test]
+fn a_full_disk_with_nothing_to_evict_degrades_until_a_put_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let all = chunks(2);
+    cache.full_writes.store(1, Relaxed);
+    let err = cache.put(&all[0].0, &all[0].1).unwrap_err();
+    assert!(matches!(err, Error::CacheDiskFull { .. }), "{err}");
+    // Nothing to evict, so no second try: the next write is the next put's.
+    assert_eq!(cache.full_writes.load(Relaxed), 0);
+    assert!(cache.stats().degraded);
+    cache.put(&all[1].0, &all[1].1).unwrap();
+    assert!(!cache.stats().degraded);
+    assert_consistent(&cache);
+}
+
+#[test]
+fn a_lost_or_damaged_index_is_rebuilt_from_the_chunk_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = chunks(4);
+    let reopen_and_check = |what: &str| {
+        let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(cache.stats().entries, 4, "{what}");
+        for (key, data) in &all {
+            assert_eq!(cache.get(key).unwrap().as_ref(), Some(data), "{what}");
+        }
+        assert_consistent(&cache);
+    };
+    {
+        let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+        for (key, data) in &all {
+            cache.put(key, data).unwrap();
+        }
+    }
+    fs::remove_dir_all(dir.path().join("index")).unwrap();
+    reopen_and_check("index removed");
+    for file in files_under(&dir.path().join("index")) {
+        fs::write(&file, b"not a sled file").unwrap();
+    }
+    reopen_and_check("index overwritten");
+    // Another layout version's index is rebuilt too, not a reason to stop.
+    {
+        let index = sled::open(dir.path().join("index")).unwrap();
+        index.insert(layout::VERSION_KEY, &[0xff; 4]).unwrap();
+        index.flush().unwrap();
+    }
+    reopen_and_check("another layout version");
 }
 
 #[test]

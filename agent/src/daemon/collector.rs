@@ -81,6 +81,11 @@ impl Collector for AgentCollector {
                 cache.entries as i64,
             ),
             (
+                "tessera_agent_cache_degraded",
+                "1 while the cache disk is full and chunks are served without being cached",
+                i64::from(cache.degraded),
+            ),
+            (
                 "tessera_agent_mounts",
                 "Mounted images",
                 mounts.len() as i64,

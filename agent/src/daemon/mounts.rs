@@ -2,12 +2,13 @@
 //! bootstrap (stored by layer digest), the mount through the life cycle
 //! (`daemon::lifecycle`) and, after it, prefetch.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use rafs_format::reader::Bootstrap;
+use rafs_format::reader::{Bootstrap, Verify};
 
 use super::lifecycle::Mount;
 use super::mounted::MountedImage;
@@ -169,24 +170,45 @@ impl Agent {
     }
 
     /// The image's bootstrap: from the local store if this layer was fetched before
-    /// (it is named by its verified digest), else fetched, verified and stored.
+    /// (it is named by its verified digest), else fetched, verified and stored. A stored
+    /// copy that fails its checksum is fetched again; one that cannot be stored (a full
+    /// disk) is used from memory.
     pub(super) async fn bootstrap_for(
         &self,
         image: &registry_image::PlatformImage,
     ) -> Result<Bootstrap> {
         let layer = registry_image::bootstrap_layer(image)?;
-        let digest = layer.digest().to_string();
-        let name = digest.replace(':', "-");
+        let name = layer.digest().to_string().replace(':', "-");
         let stored = self.bootstrap_dir.join(&name);
-        if !stored.is_file() {
-            let tmp = tempfile::tempdir_in(&self.bootstrap_dir)
-                .map_err(|e| Error::io("create temp dir in", &self.bootstrap_dir, e))?;
-            let path = registry_image::fetch_bootstrap(&self.client, image, tmp.path()).await?;
-            std::fs::rename(&path, &stored)
-                .map_err(|e| Error::io("store bootstrap", &stored, e))?;
+        if let Ok(bytes) = std::fs::read(&stored) {
+            match Bootstrap::from_bytes(bytes, Verify::Checksum).and_then(|b| {
+                b.validate_all()?;
+                Ok(b)
+            }) {
+                Ok(bootstrap) => return Ok(bootstrap),
+                Err(e) => {
+                    tracing::warn!(path = %stored.display(), error = %e, "a stored bootstrap is damaged: fetching it again");
+                    let _ = std::fs::remove_file(&stored);
+                }
+            }
         }
-        let bootstrap = Bootstrap::open(&stored)?;
+        let bytes = registry_image::bootstrap_bytes(&self.client, image).await?;
+        let bootstrap = Bootstrap::from_bytes(bytes, Verify::Checksum)?;
         bootstrap.validate_all()?;
+        if let Err(e) = self.store_bootstrap(&stored, bootstrap.as_bytes()) {
+            tracing::warn!(error = %e, "could not store a bootstrap: using it from memory (it is fetched again at the next mount)");
+        }
         Ok(bootstrap)
+    }
+
+    /// Writes a verified bootstrap to `path` whole (a temp file renamed into place).
+    fn store_bootstrap(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.bootstrap_dir)
+            .map_err(|e| Error::io("create a temp file in", &self.bootstrap_dir, e))?;
+        tmp.write_all(bytes)
+            .map_err(|e| Error::io("write", tmp.path(), e))?;
+        tmp.persist(path)
+            .map_err(|e| Error::io("store bootstrap", path, e.error))?;
+        Ok(())
     }
 }

@@ -60,6 +60,12 @@ impl std::fmt::Display for Status {
             self.cache.misses,
             self.cache.evictions
         )?;
+        if self.cache.degraded {
+            writeln!(
+                f,
+                "cache      DEGRADED: its disk is full; chunks are served without being cached until space returns"
+            )?;
+        }
         let mut sources: Vec<_> = self.bytes_by_source.iter().collect();
         sources.sort();
         for (source, bytes) in sources {

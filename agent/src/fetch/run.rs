@@ -122,6 +122,8 @@ impl Fetcher {
         self.metrics.record(source, bytes, started.elapsed());
         let newly_stored = match self.store.put(&unit.key, &data) {
             Ok(()) => true,
+            // The cache says so itself, once a minute.
+            Err(crate::Error::CacheDiskFull { .. }) => false,
             Err(e) => {
                 // Serve it anyway; it will be fetched again next time.
                 tracing::warn!(unit = %unit.key, error = %e, "could not cache a chunk");

@@ -4,13 +4,11 @@
 //! Range request as a [`BlobSource`] so `check` and `unpack` work on a registry image.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
 use rafs_format::reader::{BlobInfo, BlobSource};
-use tokio::io::AsyncWriteExt;
 
 use super::client::{Manifest, RegistryClient};
 use super::reference::{Platform, Reference};
@@ -243,22 +241,23 @@ pub async fn fetch_bootstrap(
     image: &PlatformImage,
     dir: &Path,
 ) -> Result<PathBuf> {
+    let bytes = bootstrap_bytes(client, image).await?;
+    let path = dir.join("bootstrap");
+    tokio::fs::write(&path, bytes)
+        .await
+        .map_err(|e| Error::io("write", &path, e))?;
+    Ok(path)
+}
+
+/// Downloads, verifies and decompresses the image's bootstrap in memory (it is small,
+/// and a mount must not need disk space for it); the caller checks its checksum.
+pub async fn bootstrap_bytes(client: &RegistryClient, image: &PlatformImage) -> Result<Vec<u8>> {
     let layer = bootstrap_layer(image)?;
     let digest = layer.digest().to_string();
-    let compressed_path = dir.join("bootstrap.zst");
-    let mut compressed = tokio::fs::File::create(&compressed_path)
-        .await
-        .map_err(|e| Error::io("create", &compressed_path, e))?;
+    let mut compressed = Vec::new();
     client
         .blob(&image.reference, &digest, &mut compressed)
         .await?;
-    compressed
-        .flush()
-        .await
-        .map_err(|e| Error::io("write", &compressed_path, e))?;
-    drop(compressed);
-    let out_path = dir.join("bootstrap");
-    let (from, to) = (compressed_path.clone(), out_path.clone());
     let bad = |reason: String| {
         protocol(
             &image.reference,
@@ -266,17 +265,10 @@ pub async fn fetch_bootstrap(
             reason,
         )
     };
-    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        let input = std::fs::File::open(&from)?;
-        let mut output = std::io::BufWriter::new(std::fs::File::create(&to)?);
-        zstd::stream::copy_decode(input, &mut output)?;
-        output.flush()?;
-        std::fs::remove_file(&from)
-    })
-    .await
-    .map_err(|e| bad(format!("decompress: {e}")))?
-    .map_err(|e| bad(format!("decompress: {e}")))?;
-    Ok(out_path)
+    tokio::task::spawn_blocking(move || zstd::stream::decode_all(compressed.as_slice()))
+        .await
+        .map_err(|e| bad(format!("decompress: {e}")))?
+        .map_err(|e| bad(format!("decompress: {e}")))
 }
 
 /// Size of the window read around a requested range: chunks are laid out in reading

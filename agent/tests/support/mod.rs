@@ -13,6 +13,7 @@ pub mod netns;
 pub mod oci;
 pub mod registry;
 pub mod scheduler;
+pub mod small_disk;
 pub mod swarm;
 pub mod tls;
 pub mod token_server;
