@@ -309,7 +309,7 @@ python3 - "$out" "$agents" "$image_bytes" <<'PY'
 import json, sys
 out, agents, image_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 mib = lambda b: b / 2**20
-rows, total_origin, total_peer = [], 0, 0
+rows, total_origin, total_wire, total_peer = [], 0, 0, 0
 print(f"{'node':<8}{'read':>10}{'origin':>10}{'peers':>10}{'MiB/s':>8}{'first byte':>12}{'mounted':>10}{'ready':>9}")
 for n in range(1, agents + 1):
     status = json.load(open(f"{out}/agent{n}/status.json"))
@@ -321,6 +321,7 @@ for n in range(1, agents + 1):
         "node": f"agent{n}",
         "bytes_read": m["bytes_read"],
         "origin_bytes": pull["origin_bytes"],
+        "origin_wire_bytes": pull["origin_wire_bytes"],
         "peer_bytes": pull["peer_bytes"],
         "cache_bytes": pull["cache_bytes"],
         "mib_per_s": mib(fetched) / max(t2 - t1, 1e-3),
@@ -331,6 +332,7 @@ for n in range(1, agents + 1):
     }
     rows.append(row)
     total_origin += pull["origin_bytes"]
+    total_wire += pull["origin_wire_bytes"]
     total_peer += pull["peer_bytes"]
     fb = row["first_byte_seconds"]
     print(f"{row['node']:<8}{mib(row['bytes_read']):>6.1f} MiB{mib(row['origin_bytes']):>6.1f} MiB"
@@ -342,13 +344,14 @@ print(f"image: {mib(image_bytes):.1f} MiB unpacked; a start-up read {mib(rows[0]
       f"({100 * rows[0]['bytes_read'] / image_bytes:.0f}%) and fetched {mib(fetched):.1f} MiB with read-ahead "
       f"({100 * fetched / image_bytes:.0f}%): the rest never left the registry")
 first = max(rows[0]["origin_bytes"], 1)
-print(f"registry sent {mib(total_origin):.1f} MiB of chunks for {agents} start-ups "
-      f"({total_origin / first:.2f}x what one start-up fetched); peers sent {mib(total_peer):.1f} MiB")
-print("columns: read = bytes the application read; origin/peers = chunk bytes fetched from the registry / "
-      "from other agents; MiB/s = fetched bytes per second of start-up; first byte = from the mount request "
+print(f"registry sent {mib(total_wire):.1f} MiB of compressed chunks ({mib(total_origin):.1f} MiB uncompressed) "
+      f"for {agents} start-ups ({total_origin / first:.2f}x what one start-up fetched); "
+      f"peers sent {mib(total_peer):.1f} MiB")
+print("columns: read = bytes the application read; origin/peers = uncompressed chunk bytes fetched from the "
+      "registry / from other agents (as tessera status, /metrics and the scheduler's stats count them); MiB/s = fetched bytes per second of start-up; first byte = from the mount request "
       "to the first byte read; mounted = the mount call; ready = mount plus start-up")
 json.dump({"agents": rows, "image_bytes": image_bytes, "origin_bytes": total_origin,
-           "peer_bytes": total_peer}, open(f"{out}/report.json", "w"), indent=2)
+           "origin_wire_bytes": total_wire, "peer_bytes": total_peer}, open(f"{out}/report.json", "w"), indent=2)
 PY
 
 say "the scheduler's admin API"

@@ -450,3 +450,102 @@ fn a_scheduler_replica_killed_mid_swarm_moves_only_its_blobs() {
         "3 replicas, one killed mid-swarm: registry egress {ratio:.3}x the image; {sources:?}"
     );
 }
+
+/// The chunk files under an agent's cache and their total size.
+fn chunk_files_bytes(agent: &AgentProcess) -> u64 {
+    fn walk(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap())
+                    .map(|e| match e.file_type().unwrap().is_dir() {
+                        true => walk(&e.path()),
+                        false => e.metadata().unwrap().len(),
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    walk(&agent.cache_dir.join("chunks/data"))
+}
+
+/// One byte accounting, with the registry's access log as ground truth: two agents'
+/// origin wire bytes sum to the chunk bytes the registry sent; the reader's peer bytes
+/// equal the server's uploaded bytes; a read from the disk cache counts no more cache
+/// bytes than the bytes read (the kernel reads a chunk in many requests); the bytes
+/// stored equal the chunk files on disk; /metrics says what `tessera status` says.
+#[test]
+fn byte_counters_agree_with_the_registry_and_each_other() {
+    let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &[]);
+    let mut first = swarm.agent(&[]);
+    let second = swarm.agent(&[]);
+    wait_registered(&first);
+    wait_registered(&second);
+    let total = swarm.total();
+
+    let mnt = swarm.mount(&first);
+    swarm.read_all(&mnt);
+    let mnt = swarm.mount(&second);
+    swarm.read_all(&mnt);
+    let (p1, p2) = (pull(&first), pull(&second));
+    let n = |v: &serde_json::Value| v.as_u64().unwrap();
+    assert_eq!(n(&p1["origin_bytes"]), total, "{p1}");
+    assert_eq!(
+        (n(&p2["origin_bytes"]), n(&p2["peer_bytes"])),
+        (0, total),
+        "{p2}"
+    );
+    let chunk_bytes_sent = swarm.registry().blob_bytes_sent(206);
+    assert_eq!(
+        n(&p1["origin_wire_bytes"]) + n(&p2["origin_wire_bytes"]),
+        chunk_bytes_sent,
+        "origin wire bytes against the registry's access log"
+    );
+    assert_eq!(
+        n(&first.status()["swarm"]["uploaded_bytes"]),
+        n(&p2["peer_bytes"]),
+        "uploaded by the server, fetched from peers by the reader"
+    );
+    for agent in [&first, &second] {
+        let status = agent.status();
+        let cache = &status["cache"];
+        let on_disk = chunk_files_bytes(agent);
+        assert_eq!(n(&cache["bytes"]), on_disk, "{status}");
+        assert_eq!(n(&cache["stored_bytes"]), on_disk, "{status}");
+        let metrics = agent.metrics();
+        let find = |name: &str| -> Option<u64> {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        };
+        let metric = |name: &str| find(name).unwrap_or_else(|| panic!("no {name} in\n{metrics}"));
+        let p = &status["mounts"][0]["pull"];
+        for source in ["origin", "peer", "cache"] {
+            // A source never used has no series yet.
+            let series = format!("tessera_agent_bytes_total{{source=\"{source}\"}} ");
+            assert_eq!(
+                find(&series).unwrap_or(0),
+                n(&p[format!("{source}_bytes")]),
+                "{series}"
+            );
+        }
+        assert_eq!(
+            metric("tessera_agent_read_bytes_total "),
+            n(&status["mounts"][0]["bytes_read"])
+        );
+        assert_eq!(metric("tessera_agent_cache_stored_bytes_total "), on_disk);
+    }
+
+    // A new agent process reads everything from its disk: each chunk once.
+    first.restart();
+    let mnt = swarm.mount(&first);
+    swarm.read_all(&mnt);
+    let status = first.status();
+    let (m, p) = (&status["mounts"][0], &status["mounts"][0]["pull"]);
+    assert_eq!(n(&p["cache_bytes"]), total, "{status}");
+    assert!(
+        n(&p["cache_bytes"]) <= n(&m["bytes_read"]),
+        "cache bytes beyond the bytes read: {status}"
+    );
+    assert_eq!((n(&p["origin_bytes"]), n(&p["peer_bytes"])), (0, 0), "{p}");
+}

@@ -91,6 +91,9 @@ pub struct CacheStats {
     /// The disk is full: chunks are served without being cached.
     #[serde(default)]
     pub degraded: bool,
+    /// Bytes written to the cache since open: each chunk stored, once.
+    #[serde(default)]
+    pub stored_bytes: u64,
 }
 
 /// Memory sled may use for its page cache (its default is 1 GiB).
@@ -125,6 +128,7 @@ pub struct ChunkCache {
     misses: AtomicU64,
     evictions: AtomicU64,
     verification_failures: AtomicU64,
+    stored_bytes: AtomicU64,
     stripes: Box<[Mutex<Pins>]>,
     /// One evictor at a time: two would race each other over the same LRU front.
     evicting: Mutex<()>,
@@ -213,6 +217,7 @@ impl ChunkCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             verification_failures: AtomicU64::new(0),
+            stored_bytes: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             evicting: Mutex::new(()),
             disk_full: AtomicBool::new(false),
@@ -307,6 +312,7 @@ impl ChunkCache {
             }
             self.bytes.fetch_add(size, Relaxed);
             self.entries.fetch_add(1, Relaxed);
+            self.stored_bytes.fetch_add(size, Relaxed);
         }
         if self.disk_full.swap(false, Relaxed) {
             tracing::info!(dir = %self.data_dir.display(), "the cache disk has room again: caching chunks again");
@@ -367,6 +373,7 @@ impl ChunkCache {
             evictions: self.evictions.load(Relaxed),
             verification_failures: self.verification_failures.load(Relaxed),
             degraded: self.disk_full.load(Relaxed),
+            stored_bytes: self.stored_bytes.load(Relaxed),
         }
     }
 

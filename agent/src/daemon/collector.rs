@@ -2,7 +2,6 @@
 //! mounts' (reads, FUSE operations), read at scrape time. The fetcher, the mirror and
 //! the snapshotter register metrics of their own; the endpoint is `daemon::metrics`.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use prometheus_client::collector::Collector;
@@ -39,6 +38,11 @@ impl Collector for AgentCollector {
                 cache.evictions,
             ),
             (
+                "tessera_agent_cache_stored_bytes",
+                "Chunk bytes written to the cache (each chunk once, when stored)",
+                cache.stored_bytes,
+            ),
+            (
                 "tessera_agent_cache_verification_failures",
                 "Cached chunks that failed re-verification and were dropped",
                 cache.verification_failures,
@@ -50,7 +54,7 @@ impl Collector for AgentCollector {
             .map_or(0, |n| n.server().uploaded_bytes());
         let counters = counters.into_iter().chain([(
             "tessera_agent_peer_upload_bytes",
-            "Chunk bytes served to peers",
+            "Chunk bytes handed to peers' streams (uncompressed)",
             uploaded,
         )]);
         for (name, help, value) in counters {
@@ -111,17 +115,6 @@ impl Collector for AgentCollector {
             let g = ConstGauge::new(value);
             g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
-        let read: u64 = mounts
-            .iter()
-            .map(|m| m.image.bytes_read.load(Ordering::Relaxed))
-            .sum();
-        let c = ConstCounter::new(read);
-        c.encode(encoder.encode_descriptor(
-            "tessera_agent_read_bytes",
-            "Bytes workloads read through mounts",
-            None,
-            c.metric_type(),
-        )?)?;
         for (op, value) in fs::sum_stats(mounts.iter().filter_map(|m| m.fs_stats())) {
             let c = ConstCounter::new(value);
             let name = format!("tessera_agent_fuse_{op}");

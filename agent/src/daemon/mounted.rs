@@ -55,6 +55,7 @@ impl ChunkReader for MountedImage {
 
     fn observe_read(&self, ino: u32, _offset: u64, len: u64) {
         self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        self.fetcher.metrics.read_bytes.inc_by(len);
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.first_byte.get_or_init(|| self.started.elapsed());
         if let Some(r) = &self.recorder {

@@ -91,6 +91,7 @@ impl Agent {
         let reference = Reference::parse(&task.image)?;
         let platform = (!task.platform.is_empty()).then_some(task.platform.as_str());
         let (_, chunks) = self.open_image(&reference, platform).await?;
+        chunks.bypass_memory();
         let bootstrap = chunks.bootstrap.clone();
         // Blob order, so neighbouring missing chunks travel as one run.
         let mut list: Vec<(u32, u64, u32, u32)> = (0..bootstrap.chunk_count())

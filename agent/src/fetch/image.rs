@@ -2,7 +2,7 @@
 //! order of its chunks within each blob (for merging neighbours into one request and
 //! reading ahead within a file), and what its mount pulled.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rafs_format::reader::{Bootstrap, ChunkInfo};
@@ -29,6 +29,9 @@ pub struct ImageChunks {
     /// The chunk order of each blob, and where sequential reads stand.
     ahead: ReadAhead,
     pub stats: PullStats,
+    /// Whether its chunks are kept in memory for the next reader (not for a preheat,
+    /// which fills the cache disk for mounts to come).
+    in_memory: AtomicBool,
 }
 
 impl std::fmt::Debug for ImageChunks {
@@ -129,6 +132,7 @@ impl ImageChunks {
             origin,
             ahead: ReadAhead::new(order, position, owner, stored),
             stats: PullStats::default(),
+            in_memory: AtomicBool::new(true),
         })
     }
 
@@ -150,6 +154,11 @@ impl ImageChunks {
             compression: info.compression,
             size: info.uncompressed_size,
         }
+    }
+
+    /// Fetches its chunks into the cache only, not into memory (a preheat).
+    pub fn bypass_memory(&self) {
+        self.in_memory.store(false, Ordering::Relaxed);
     }
 
     /// Chunks to read ahead after a read of `chunk` (see [`ReadAhead::after`]).
@@ -207,6 +216,10 @@ impl Wanted for ImageChunks {
 
     fn origin(&self) -> &dyn Origin {
         self.origin.as_ref()
+    }
+
+    fn keep_in_memory(&self) -> bool {
+        self.in_memory.load(Ordering::Relaxed)
     }
 
     fn observe(&self, event: Event) {

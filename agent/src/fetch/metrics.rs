@@ -48,7 +48,9 @@ fn latency_histogram() -> Histogram {
 /// Counters and histograms of chunk fetches, by source.
 #[derive(Debug)]
 pub struct FetchMetrics {
-    /// Uncompressed bytes handed to readers, by source.
+    /// Uncompressed, verified chunk bytes fetched, by source (cache: read from the
+    /// node's disk), each counted once when it arrives; the memory layer's re-serving
+    /// is not fetching.
     pub bytes: Family<SourceLabel, Counter>,
     pub chunks: Family<SourceLabel, Counter>,
     pub fetch_seconds: Family<SourceLabel, Histogram, fn() -> Histogram>,
@@ -61,6 +63,9 @@ pub struct FetchMetrics {
     pub fuse_read_seconds: Histogram,
     /// FUSE reads that waited longer than `fetch.slow_read_ms`.
     pub slow_reads: Counter,
+    /// Bytes workloads read through every mount, counted where a FUSE read is
+    /// answered (each mount also counts its own for `tessera status`).
+    pub read_bytes: Counter,
 }
 
 impl Default for FetchMetrics {
@@ -74,6 +79,7 @@ impl Default for FetchMetrics {
             inflight: Gauge::default(),
             fuse_read_seconds: latency_histogram(),
             slow_reads: Counter::default(),
+            read_bytes: Counter::default(),
         }
     }
 }
@@ -82,12 +88,12 @@ impl FetchMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "tessera_agent_bytes",
-            "Uncompressed chunk bytes served to readers, by source",
+            "Uncompressed, verified chunk bytes fetched, by source (cache: from this node's disk)",
             self.bytes.clone(),
         );
         registry.register(
             "tessera_agent_chunks",
-            "Chunks served to readers, by source",
+            "Chunks fetched, by source (cache: from this node's disk)",
             self.chunks.clone(),
         );
         registry.register(
@@ -109,6 +115,11 @@ impl FetchMetrics {
             "tessera_agent_fuse_read_seconds",
             "Latency of FUSE reads, fetching included",
             self.fuse_read_seconds.clone(),
+        );
+        registry.register(
+            "tessera_agent_read_bytes",
+            "Bytes workloads read through mounts",
+            self.read_bytes.clone(),
         );
         registry.register(
             "tessera_agent_slow_reads",

@@ -78,6 +78,10 @@ fn started_blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
 }
 
+/// Stripes of [`Fetcher`]'s store-read locks: enough that readers of different chunks
+/// rarely share one.
+const STORE_READ_STRIPES: usize = 64;
+
 /// The pipeline, shared by every mount, prefetch, preheat job and the mirror.
 pub struct Fetcher {
     store: Arc<dyn Store>,
@@ -88,6 +92,10 @@ pub struct Fetcher {
     flights: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
     /// Units handed out lately.
     memory: Mutex<Memory>,
+    /// Locks by key stripe around reads from the store, so that concurrent reads of
+    /// one chunk (the kernel asks for a chunk in several requests at once) read it from
+    /// disk once and the others find it in memory.
+    store_reads: Box<[Mutex<()>]>,
     pub metrics: Arc<FetchMetrics>,
     /// Set when the agent stops: reads waiting on the pipeline give up ([`Fetcher::stop`]).
     stopped: watch::Sender<bool>,
@@ -120,6 +128,7 @@ impl Fetcher {
             peers: None,
             flights: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory::new(config.memory_bytes)),
+            store_reads: (0..STORE_READ_STRIPES).map(|_| Mutex::new(())).collect(),
             config,
             metrics,
             stopped: watch::channel(false).0,
@@ -163,7 +172,7 @@ impl Fetcher {
     /// fetch this call leads.
     pub async fn unit(self: &Arc<Self>, wanted: &Arc<dyn Wanted>, unit: Unit) -> Outcome {
         loop {
-            if let Some(got) = self.in_memory(wanted, &unit) {
+            if let Some(got) = self.in_memory(&unit) {
                 return Ok(got);
             }
             if self.store.contains(&unit.key) {
@@ -212,13 +221,18 @@ impl Fetcher {
             return Err(chunk_error(image, &unit, ChunkFailure::Stopped));
         }
         for next in image.read_ahead(index, window) {
+            // Stored ones are read when asked for: reading them ahead as well would
+            // race the reader and read the same chunk from disk twice.
+            if image.unit(next).is_ok_and(|u| self.store.contains(&u.key)) {
+                continue;
+            }
             let (fetcher, image) = (self.clone(), image.clone());
             runtime.spawn(async move {
                 let _ = fetcher.chunk(&image, next).await;
             });
         }
         let wanted: Arc<dyn Wanted> = image.clone();
-        if let Some(got) = self.in_memory(&wanted, &unit) {
+        if let Some(got) = self.in_memory(&unit) {
             return Ok(got.data);
         }
         if let Some(got) = self.in_store(&wanted, &unit) {
@@ -239,13 +253,15 @@ impl Fetcher {
         got
     }
 
-    fn in_memory(&self, wanted: &Arc<dyn Wanted>, unit: &Unit) -> Option<Fetched> {
+    /// The unit from the memory layer. Not counted as fetched from anywhere: these
+    /// are bytes counted once already, when they came from their source (the kernel
+    /// reads a chunk in several requests, and each must not count it again).
+    fn in_memory(&self, unit: &Unit) -> Option<Fetched> {
         let data = self
             .memory
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&unit.key)?;
-        self.served_locally(wanted, &data, Instant::now());
         Some(Fetched {
             data,
             source: Source::Cache,
@@ -255,6 +271,17 @@ impl Fetcher {
 
     /// Blocking: reads and checks the unit from the store.
     fn in_store(&self, wanted: &Arc<dyn Wanted>, unit: &Unit) -> Option<Fetched> {
+        let reading = wanted.keep_in_memory().then(|| {
+            let stripe = usize::from(unit.key.digest[0]) % self.store_reads.len();
+            self.store_reads[stripe]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        });
+        if reading.is_some() {
+            if let Some(got) = self.in_memory(unit) {
+                return Some(got);
+            }
+        }
         let started = Instant::now();
         let data = match self.store.get(&unit.key) {
             Ok(Some(data)) => Arc::new(data),

@@ -45,7 +45,13 @@ impl Fetcher {
             // checked as soon as its last byte is here.
             let mut looked_at = 0;
             let mut checks: Vec<(usize, Check)> = Vec::new();
+            // Bytes that came over the network, whole or not (`arrived` starts again
+            // from the range's start when the origin asks anew after a cut).
+            let (mut received, mut shown) = (0, 0);
             let mut take = |arrived: &[u8]| {
+                let now = arrived.len() as u64;
+                received += if now >= shown { now - shown } else { now };
+                shown = now;
                 while let Some(&i) = pending.get(looked_at) {
                     let unit = run[i].unit;
                     let from = (unit.offset - start) as usize;
@@ -78,10 +84,12 @@ impl Fetcher {
                 }
                 Err(e) => Some(e.to_string()),
             };
-            let mut held = Vec::new();
+            wanted.observe(Event::OriginTransfer { bytes: received });
+            let (mut held, mut verified) = (Vec::new(), 0);
             for (i, check) in checks {
                 match check.await {
                     Ok(Ok(got)) => {
+                        verified += got.data.len() as u64;
                         if got.newly_stored {
                             held.push(run[i].unit.range());
                         }
@@ -109,6 +117,11 @@ impl Fetcher {
             }
             // What was verified before a cut is kept and may be announced.
             self.announce(wanted.as_ref(), &blob, held);
+            // For the scheduler's account of bytes by source: the verified,
+            // uncompressed bytes, as the agent's own origin_bytes counts them.
+            if verified > 0 {
+                self.report_origin(&blob, (start, end), verified, started, pb::Outcome::Ok);
+            }
             if let Some(e) = failed {
                 self.count_failure(wanted.as_ref(), Source::Origin, false);
                 tracing::warn!(image = %wanted.name(), blob, start, end, attempt, error = %e, "origin fetch failed");
@@ -117,9 +130,6 @@ impl Fetcher {
                 last_error = e;
                 continue;
             }
-            wanted.observe(Event::OriginTransfer { bytes: end - start });
-            // For the scheduler's account of peer vs origin bytes.
-            self.report_origin(&blob, (start, end), end - start, started, pb::Outcome::Ok);
         }
         last_error
     }

@@ -168,7 +168,7 @@ impl pb::peer_service_server::PeerService for PeerServer {
                     }
                 }
                 pace(&pacer, data.len(), rate).await;
-                uploaded.fetch_add(data.len() as u64, Ordering::Relaxed);
+                let bytes = data.len() as u64;
                 let message = pb::ChunkData {
                     digest: digest.to_vec(),
                     data,
@@ -176,6 +176,8 @@ impl pb::peer_service_server::PeerService for PeerServer {
                 if tx.send(Ok(message)).await.is_err() {
                     return; // The requester went away.
                 }
+                // Counted once handed to the stream, as the requester counts it.
+                uploaded.fetch_add(bytes, Ordering::Relaxed);
             }
         });
         Ok(Response::new(Box::pin(

@@ -132,6 +132,26 @@ impl Registry {
         registry
     }
 
+    /// Body bytes the registry's access log says it sent for blob GETs answered with
+    /// `status` (206: the Range requests chunks are fetched with).
+    pub fn blob_bytes_sent(&self, status: u16) -> u64 {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines()
+            .filter_map(|line| {
+                // `... "GET /v2/NAME/blobs/sha256:HEX HTTP/1.1" 206 BYTES "REFERER" "AGENT"`
+                let (request, rest) = line.split_once("\" ")?;
+                let request = request.rsplit_once('"')?.1;
+                if !request.starts_with("GET ") || !request.contains("/blobs/") {
+                    return None;
+                }
+                let mut fields = rest.split(' ');
+                let code: u16 = fields.next()?.parse().ok()?;
+                let bytes: u64 = fields.next()?.parse().ok()?;
+                (code == status).then_some(bytes)
+            })
+            .sum()
+    }
+
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {

@@ -18,7 +18,7 @@ pub struct Swarm {
     /// More scheduler replicas (none unless made with [`Swarm::with_replicas`]).
     pub replicas: Vec<SchedulerProcess>,
     /// Kept for its lifetime: dropping it stops the registry.
-    _registry: Registry,
+    registry: Registry,
     registry_host: NetHost,
     cluster: Cluster,
     /// Agent config naming the registry as plain HTTP.
@@ -130,7 +130,7 @@ impl Swarm {
             reference: format!("{}/tessera/app:v1", registry.addr),
             plain_reference: format!("{}/src/app:{}", registry.addr, oci::TAG),
             plain_image_bytes,
-            _registry: registry,
+            registry,
             registry_host,
             cluster,
             config,
@@ -208,6 +208,11 @@ impl Swarm {
 
     pub fn total(&self) -> u64 {
         self.files.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    /// The origin registry (its access log is the tests' ground truth).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Bytes the registry has sent so far, counted on its own network interface.
