@@ -11,12 +11,14 @@ pub enum Error {
     Reference { input: String, reason: String },
 
     /// The registry answered with an HTTP status that ends the operation.
-    #[error("{registry}/{repository}: {what}: HTTP {status}{hint}")]
+    #[error("{registry}/{repository}: {what}: HTTP {status}{said}{hint}")]
     Status {
         registry: String,
         repository: String,
         what: String,
         status: u16,
+        /// What the registry's error body said (` CODE: message`), or empty.
+        said: String,
         hint: &'static str,
     },
 

@@ -74,6 +74,8 @@ fn reads_manifests_and_blobs_from_a_real_registry() {
             e.to_string().contains("test/nope") && e.to_string().contains("does not exist"),
             "{e}"
         );
+        // With the registry's own words for it.
+        assert!(e.to_string().contains("MANIFEST_UNKNOWN"), "{e}");
 
         // A digest that does not match what the registry serves is refused: ask for one
         // blob's bytes under another blob's digest name by pinning a wrong manifest digest.

@@ -225,7 +225,15 @@ impl RegistryClient {
         }
     }
 
-    fn status_error(r: &Reference, what: &str, status: StatusCode) -> Error {
+    /// The error for a response with a status that ends the operation, with what the
+    /// registry said about it (the codes and messages of its error body).
+    async fn failed(r: &Reference, what: &str, resp: Response) -> Error {
+        let status = resp.status();
+        let said = registry_says(resp).await;
+        Self::status_error(r, what, status, said)
+    }
+
+    fn status_error(r: &Reference, what: &str, status: StatusCode, said: String) -> Error {
         let hint = match status.as_u16() {
             401 | 403 => {
                 " (check the credentials for this registry, e.g. in ~/.docker/config.json)"
@@ -240,6 +248,7 @@ impl RegistryClient {
             repository: r.repository.clone(),
             what: what.to_string(),
             status: status.as_u16(),
+            said,
             hint,
         }
     }
@@ -326,7 +335,12 @@ impl RegistryClient {
             .await
             .map_err(|e| err(format!("token request failed: {}", describe(&e))))?;
         if !resp.status().is_success() {
-            return Err(Self::status_error(r, "token request", resp.status()));
+            return Err(Self::status_error(
+                r,
+                "token request",
+                resp.status(),
+                String::new(),
+            ));
         }
         #[derive(serde::Deserialize)]
         struct TokenResponse {
@@ -492,7 +506,7 @@ impl RegistryClient {
             )
             .await?;
         if !resp.status().is_success() {
-            return Err(Self::status_error(r, &what, resp.status()));
+            return Err(Self::failed(r, &what, resp).await);
         }
         let header_digest = resp
             .headers()
@@ -567,7 +581,7 @@ impl RegistryClient {
             let mut skip = match resp.status() {
                 StatusCode::PARTIAL_CONTENT if len > 0 => 0,
                 s if s.is_success() => len,
-                s => return Err(Self::status_error(r, &what, s)),
+                _ => return Err(Self::failed(r, &what, resp).await),
             };
             loop {
                 let chunk = match resp.chunk().await {
@@ -736,7 +750,7 @@ impl RegistryClient {
                     }
                 }
             }
-            s => return Err(Self::status_error(r, what, s)),
+            _ => return Err(Self::failed(r, what, resp).await),
         }
         if out.len() != want {
             return Err(proto(format!("got {} bytes, asked for {want}", out.len())));
@@ -767,7 +781,8 @@ impl RegistryClient {
                 .get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())),
-            s => Err(Self::status_error(r, &what, s)),
+            // A HEAD answer has no body to quote.
+            s => Err(Self::status_error(r, &what, s, String::new())),
         }
     }
 
@@ -872,7 +887,7 @@ impl RegistryClient {
         match resp.status() {
             StatusCode::CREATED if mount_from.is_some() => Ok(UploadStart::Mounted),
             StatusCode::ACCEPTED => Ok(UploadStart::Session(self.location(r, &resp, what)?)),
-            s => Err(Self::status_error(r, what, s)),
+            _ => Err(Self::failed(r, what, resp).await),
         }
     }
 
@@ -918,7 +933,7 @@ impl RegistryClient {
                     .body(Bytes::from(data));
                 let resp = self.send(r, req).await?;
                 if resp.status() != StatusCode::ACCEPTED {
-                    return Err(Self::status_error(r, what, resp.status()));
+                    return Err(Self::failed(r, what, resp).await);
                 }
                 location = self.location(r, &resp, what)?;
                 sent += n;
@@ -941,7 +956,7 @@ impl RegistryClient {
             .body(final_body);
         let resp = self.send(r, req).await?;
         if resp.status() != StatusCode::CREATED {
-            return Err(Self::status_error(r, what, resp.status()));
+            return Err(Self::failed(r, what, resp).await);
         }
         progress(final_len);
         Ok(())
@@ -989,7 +1004,7 @@ impl RegistryClient {
             .body(Bytes::from(bytes));
         let resp = self.send(r, req).await?;
         if resp.status() != StatusCode::CREATED {
-            return Err(Self::status_error(r, &what, resp.status()));
+            return Err(Self::failed(r, &what, resp).await);
         }
         Ok(digest)
     }
@@ -1148,9 +1163,76 @@ async fn read_bounded(mut resp: Response, max: usize) -> Result<Vec<u8>, String>
     Ok(out)
 }
 
+/// Error bodies read at most (they are a few hundred bytes).
+const ERROR_BODY_LIMIT: usize = 8 << 10;
+/// Characters of the registry's words kept in an error.
+const SAID_LIMIT: usize = 300;
+
+/// What the registry's error body says, as ` CODE: message; …` (the OCI distribution
+/// spec's `{"errors": [{"code", "message"}]}`); empty if it is not that shape. Only
+/// those two fields are kept: `detail` may quote the request back.
+async fn registry_says(mut resp: Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < ERROR_BODY_LIMIT {
+        match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
+            Ok(Ok(Some(chunk))) => body.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    error_codes(&body)
+}
+
+fn error_codes(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        errors: Vec<Item>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Item {
+        #[serde(default)]
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    let Ok(parsed) = serde_json::from_slice::<Body>(body) else {
+        return String::new();
+    };
+    let said: Vec<String> = parsed
+        .errors
+        .iter()
+        .map(|e| format!("{}: {}", e.code, e.message))
+        .collect();
+    if said.is_empty() {
+        return String::new();
+    }
+    let mut text = format!(" {}", said.join("; "));
+    if let Some((cut, _)) = text.char_indices().nth(SAID_LIMIT) {
+        text.truncate(cut);
+        text.push('…');
+    }
+    // One line, whatever the registry put in it.
+    text.chars().filter(|c| !c.is_control()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_error_body_is_quoted_by_code_and_message_only() {
+        let body = br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown","detail":{"Tag":"v9"}},{"code":"NAME_UNKNOWN","message":"repository name not known\nto registry"}]}"#;
+        assert_eq!(
+            error_codes(body),
+            " MANIFEST_UNKNOWN: manifest unknown; NAME_UNKNOWN: repository name not knownto registry"
+        );
+        assert_eq!(error_codes(b"<html>404 page not found</html>"), "");
+        assert_eq!(error_codes(br#"{"errors":[]}"#), "");
+        let long = format!(
+            r#"{{"errors":[{{"code":"X","message":"{}"}}]}}"#,
+            "m".repeat(1000)
+        );
+        assert_eq!(error_codes(long.as_bytes()).chars().count(), SAID_LIMIT + 1);
+    }
 
     #[test]
     fn challenges_parse() {
