@@ -89,9 +89,12 @@ fn check_registry(r: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Agent(format!(
-            "{r:?} is not a registry host (like docker.io or registry.example.com:5000)"
-        )))
+        Err(Error::Setting {
+            setting: "--registry".into(),
+            problem: format!(
+                "{r:?} is not a registry host (like docker.io or registry.example.com:5000)"
+            ),
+        })
     }
 }
 
@@ -105,9 +108,10 @@ fn targets(c: &HostsConfig) -> Result<Vec<(String, Option<String>)>> {
         out.push(("_default".to_string(), None));
     }
     if out.is_empty() {
-        return Err(Error::Agent(
-            "name at least one --registry, or --all".into(),
-        ));
+        return Err(Error::Setting {
+            setting: "--registry".into(),
+            problem: "name at least one --registry, or --all".into(),
+        });
     }
     Ok(out)
 }

@@ -93,6 +93,35 @@ pub enum Error {
         problem: &'static str,
     },
 
+    /// A setting (of the configuration or a command line) cannot work as given; the
+    /// setting is named and the problem says what to change.
+    #[error("{setting}: {problem}")]
+    Setting { setting: String, problem: String },
+
+    /// The configuration has problems, each naming its setting.
+    #[error("invalid configuration:\n  {}", problems.join("\n  "))]
+    InvalidConfig { problems: Vec<String> },
+
+    /// A mount request names a mountpoint in the wrong state for it.
+    #[error("{}: {problem}", path.display())]
+    Mountpoint {
+        path: PathBuf,
+        problem: &'static str,
+    },
+
+    /// A preheat job ended with chunks it could not fetch.
+    #[error("{failed} of {total} chunks could not be fetched; the first: {first}")]
+    Preheat {
+        failed: u64,
+        total: usize,
+        first: String,
+    },
+
+    /// A service of the agent (the peer service, the snapshotter) stopped serving,
+    /// or a task of it ended without finishing.
+    #[error("{service}: {reason}")]
+    Service { service: String, reason: String },
+
     /// The HTTP client for registries cannot be made (its TLS backend did not start).
     #[error(transparent)]
     HttpClient(reqwest::Error),

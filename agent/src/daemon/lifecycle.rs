@@ -108,7 +108,10 @@ impl Mount {
             None => fs::mount(bootstrap, reader, &mountpoint, &opts),
         })
         .await
-        .map_err(|e| Error::Agent(format!("mount task failed: {e}")))??;
+        .map_err(|e| Error::Service {
+            service: "mount".into(),
+            reason: format!("the mount task ended: {e}"),
+        })??;
         // The session's own copy of the connection: only the keeper of a new mount
         // needs it (a taken-over one is held already); closed otherwise.
         let copy = session.take_connection();

@@ -130,10 +130,7 @@ impl Agent {
         peer: Option<tokio::net::TcpListener>,
     ) -> Result<Arc<Agent>> {
         if let Err(problems) = config.validate() {
-            return Err(Error::Agent(format!(
-                "invalid configuration:\n  {}",
-                problems.join("\n  ")
-            )));
+            return Err(Error::InvalidConfig { problems });
         }
         std::fs::create_dir_all(&config.cache_dir)
             .map_err(|e| Error::io("create", &config.cache_dir, e))?;

@@ -60,10 +60,10 @@ impl Agent {
             .unwrap_or_else(|p| p.into_inner())
             .contains_key(&mountpoint)
         {
-            return Err(Error::Agent(format!(
-                "{} is already a Tessera mount; unmount it first",
-                mountpoint.display()
-            )));
+            return Err(Error::Mountpoint {
+                path: mountpoint,
+                problem: "already a Tessera mount; unmount it first",
+            });
         }
         let reference = Reference::parse(image)?;
         let (resolved, chunks) = self.open_image(&reference, platform.as_deref()).await?;
@@ -129,11 +129,9 @@ impl Agent {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key)
-            .ok_or_else(|| {
-                Error::Agent(format!(
-                    "{} is not a Tessera mount of this agent",
-                    key.display()
-                ))
+            .ok_or_else(|| Error::Mountpoint {
+                path: key.clone(),
+                problem: "not a Tessera mount of this agent",
             })?;
         Ok(mount.unmount().await)
     }

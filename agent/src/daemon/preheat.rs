@@ -154,10 +154,11 @@ impl Agent {
             .await;
         match first_error {
             None => Ok(()),
-            Some(first) => Err(Error::Agent(format!(
-                "{failed} of {} chunks could not be fetched; the first: {first}",
-                list.len()
-            ))),
+            Some(first) => Err(Error::Preheat {
+                failed,
+                total: list.len(),
+                first,
+            }),
         }
     }
 }

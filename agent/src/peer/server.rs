@@ -92,9 +92,10 @@ impl PeerServer {
         );
         let mut builder = server;
         if let Some(tls) = tls {
-            builder = builder
-                .tls_config(tls)
-                .map_err(|e| crate::Error::Agent(format!("peer service TLS: {e}")))?;
+            builder = builder.tls_config(tls).map_err(|e| crate::Error::Service {
+                service: "peer service".into(),
+                reason: format!("TLS: {e}"),
+            })?;
         }
         // Uploads are bounded by `max_uploads`; the server's stream limit and the gate
         // bound what a flood can open.
@@ -104,7 +105,10 @@ impl PeerServer {
             .add_service(service)
             .serve_with_incoming(gate.incoming(listener))
             .await
-            .map_err(|e| crate::Error::Agent(format!("peer service on {addr:?} stopped: {e}")))
+            .map_err(|e| crate::Error::Service {
+                service: format!("peer service on {addr:?}"),
+                reason: format!("stopped: {e}"),
+            })
     }
 }
 

@@ -36,7 +36,10 @@ pub async fn serve(
         .add_service(SnapshotsServer::new(Service(snapshotter)))
         .serve_with_incoming(gate.incoming(listener))
         .await
-        .map_err(|e| Error::Agent(format!("snapshotter service: {e}")))
+        .map_err(|e| Error::Service {
+            service: "snapshotter service".into(),
+            reason: e.to_string(),
+        })
 }
 
 struct Service(Arc<Snapshotter>);

@@ -130,10 +130,14 @@ impl Network {
     ) -> Result<Arc<Network>> {
         let urls = config.scheduler_urls();
         if urls.is_empty() {
-            return Err(Error::Agent("p2p: no scheduler configured".into()));
+            return Err(Error::Setting {
+                setting: "p2p.scheduler".into(),
+                problem: "no scheduler configured: name one (or several, comma-separated)".into(),
+            });
         }
-        let address = config.advertised().ok_or_else(|| {
-            Error::Agent("p2p: set p2p.advertise to the ip:port peers reach this node at".into())
+        let address = config.advertised().ok_or_else(|| Error::Setting {
+            setting: "p2p.advertise".into(),
+            problem: "set it to the ip:port peers reach this node at".into(),
         })?;
         let auth = match &config.token_file {
             Some(path) => AddBearer::from_file(
@@ -141,22 +145,30 @@ impl Network {
             ),
             None => AddBearer::new(None),
         }
-        .map_err(|e| Error::Agent(format!("p2p: {e}")))?;
+        .map_err(|e| Error::Setting {
+            setting: "p2p.token_file".into(),
+            problem: e.to_string(),
+        })?;
         let tls = tls_client(config)?;
         let mut replicas = Vec::with_capacity(urls.len());
         for url in &urls {
             let mut endpoint = Endpoint::from_shared(url.clone())
-                .map_err(|e| Error::Agent(format!("p2p.scheduler {url:?}: {e}")))?
+                .map_err(|e| Error::Setting {
+                    setting: "p2p.scheduler".into(),
+                    problem: format!("{url:?}: {e}"),
+                })?
                 .connect_timeout(SCHEDULER_TIMEOUT)
                 .timeout(SCHEDULER_TIMEOUT)
                 .tcp_nodelay(true);
             if url.starts_with("https://") {
-                let tls = tls.clone().ok_or_else(|| {
-                    Error::Agent("p2p: an https:// scheduler needs p2p.tls_ca".into())
+                let tls = tls.clone().ok_or_else(|| Error::Setting {
+                    setting: "p2p.tls_ca".into(),
+                    problem: format!("{url} is https://: set the CA that signed its certificate"),
                 })?;
-                endpoint = endpoint
-                    .tls_config(tls)
-                    .map_err(|e| Error::Agent(format!("p2p.scheduler TLS: {e}")))?;
+                endpoint = endpoint.tls_config(tls).map_err(|e| Error::Setting {
+                    setting: "p2p.tls_ca".into(),
+                    problem: e.to_string(),
+                })?;
             }
             replicas.push(Replica {
                 url: url.clone(),
