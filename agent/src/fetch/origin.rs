@@ -83,7 +83,7 @@ impl Fetcher {
                 match check.await {
                     Ok(Ok(got)) => {
                         if got.newly_stored {
-                            held.push(run[i].unit.range());
+                            held.push((run[i].unit.key, run[i].unit.range()));
                         }
                         outcomes[i] = Some(Ok(got));
                     }
