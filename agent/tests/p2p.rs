@@ -450,3 +450,137 @@ fn a_scheduler_replica_killed_mid_swarm_moves_only_its_blobs() {
         "3 replicas, one killed mid-swarm: registry egress {ratio:.3}x the image; {sources:?}"
     );
 }
+
+const DROP_ADMIN_TOKEN: &str = "dropped-chunks-admin-token-7b1d";
+
+/// The scheduler's view of host `id` (its admin API, through the scheduler binary).
+fn scheduler_host(swarm: &Swarm, token: &Path, id: &str) -> serde_json::Value {
+    let out = std::process::Command::new(support::scheduler::binary())
+        .args([
+            "admin",
+            "--url",
+            &format!("http://{}:7090", swarm.scheduler.ip()),
+            "--token-file",
+        ])
+        .arg(token)
+        .args(["--json", "host", id])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The chunk files in an agent's cache, sorted by path, with their sizes.
+fn chunk_files(agent: &AgentProcess) -> Vec<(PathBuf, u64)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![agent.cache_dir.join("chunks").join("data")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                dirs.push(e.path());
+            } else {
+                files.push((e.path(), meta.len()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Waits up to 10 s for the scheduler's `bytes_held` of `id` to come within 3% of
+/// `expected`; the last value seen.
+fn wait_bytes_held(swarm: &Swarm, token: &Path, id: &str, expected: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = scheduler_host(swarm, token, id)["bytes_held"]
+            .as_u64()
+            .unwrap();
+        if held.abs_diff(expected) <= expected / 33 || std::time::Instant::now() > deadline {
+            return held;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A serving peer whose chunk files are corrupted on disk (a quarter of them) drops
+/// them when a second node asks for them, and tells the scheduler at once: its
+/// `bytes_held` follows what it still holds on disk, and a third node's read asks it
+/// for none of the dropped chunks (its cache sees no request for a chunk it lacks).
+#[test]
+fn a_peer_that_drops_corrupt_chunks_is_no_longer_advertised_for_them() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
+    let mut swarm = Swarm::new(
+        6,
+        8 << 20,
+        "400mbit",
+        &[
+            "--admin-listen",
+            "0.0.0.0:7090",
+            "--admin-token-file",
+            support::s(&token),
+        ],
+    );
+    let seed = swarm.agent(&[]);
+    let second = swarm.agent(&[]);
+    let third = swarm.agent(&[]);
+    for a in [&seed, &second, &third] {
+        wait_registered(a);
+    }
+    let mnt = swarm.mount(&seed);
+    swarm.read_all(&mnt); // From the origin: the seed is the only holder.
+    let files = chunk_files(&seed);
+    let on_disk: u64 = files.iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "before any drop the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+
+    // Every fourth chunk file corrupted in place (same size: only the digest shows it).
+    let corrupted: Vec<&(PathBuf, u64)> = files.iter().step_by(4).collect();
+    for (path, _) in &corrupted {
+        let mut data = std::fs::read(path).unwrap();
+        data[0] ^= 0xff;
+        std::fs::write(path, data).unwrap();
+    }
+    let mnt = swarm.mount(&second);
+    swarm.read_all(&mnt);
+    let p = pull(&second);
+    assert_eq!(p["verification_failures"], 0, "{p}");
+    // The seed finds those it is asked for (once it lacked some it is down-ranked and
+    // asked less, so not necessarily all twelve) and drops them.
+    let seed_cache = seed.status()["cache"].clone();
+    let found = seed_cache["verification_failures"].as_u64().unwrap();
+    assert!(
+        found >= 1,
+        "the seed was never asked for a corrupted chunk: {seed_cache}"
+    );
+    let on_disk: u64 = chunk_files(&seed).iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "after dropping {found} corrupt chunks the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+    eprintln!("seed dropped {found} corrupt chunks; scheduler: {held} bytes held, disk: {on_disk}");
+
+    // The third node reads: the seed's cache is asked for nothing it lacks.
+    let misses = seed.status()["cache"]["misses"].as_u64().unwrap();
+    let mnt = swarm.mount(&third);
+    swarm.read_all(&mnt);
+    let p = pull(&third);
+    assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
+    let asked_missing = seed.status()["cache"]["misses"].as_u64().unwrap() - misses;
+    assert_eq!(
+        asked_missing, 0,
+        "the third node asked the seed for {asked_missing} chunks it had dropped"
+    );
+}
