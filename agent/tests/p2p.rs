@@ -584,3 +584,53 @@ fn a_peer_that_drops_corrupt_chunks_is_no_longer_advertised_for_them() {
         "the third node asked the seed for {asked_missing} chunks it had dropped"
     );
 }
+
+/// A peer whose small cache evicts most of what it read tells the scheduler with its
+/// next announcement or heartbeat: its `bytes_held` follows what is left on disk, and
+/// a second node's read asks it for none of the evicted chunks.
+#[test]
+fn an_evicting_peer_is_no_longer_advertised_for_what_it_evicted() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
+    // A 3 s lease: heartbeats, which carry evictions, every second.
+    let mut swarm = Swarm::new(
+        6,
+        8 << 20,
+        "400mbit",
+        &[
+            "--lease-secs",
+            "3",
+            "--admin-listen",
+            "0.0.0.0:7090",
+            "--admin-token-file",
+            support::s(&token),
+        ],
+    );
+    let seed = swarm.agent(&["--cache-capacity", "16M"]);
+    let reader = swarm.agent(&[]);
+    for a in [&seed, &reader] {
+        wait_registered(a);
+    }
+    let mnt = swarm.mount(&seed);
+    swarm.read_all(&mnt);
+    let cache = seed.status()["cache"].clone();
+    assert!(cache["evictions"].as_u64().unwrap() > 0, "{cache}");
+    let on_disk: u64 = chunk_files(&seed).iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "after evictions the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+
+    let misses = seed.status()["cache"]["misses"].as_u64().unwrap();
+    let mnt = swarm.mount(&reader);
+    swarm.read_all(&mnt);
+    let asked_missing = seed.status()["cache"]["misses"].as_u64().unwrap() - misses;
+    assert_eq!(
+        asked_missing, 0,
+        "the reader asked the seed for {asked_missing} chunks it had evicted"
+    );
+    let p = pull(&reader);
+    assert!(p["peer_bytes"].as_u64().unwrap() > 0, "{p}");
+}
