@@ -82,6 +82,9 @@ impl Network {
                 for &range in &new {
                     subtract(list, range);
                 }
+                if list.is_empty() {
+                    pending.dropped.remove(blob);
+                }
             }
             let list = pending.held.entry(blob.to_string()).or_default();
             list.extend(new);
@@ -115,6 +118,9 @@ impl Network {
                     let pending: &mut Pending = &mut state.pending[r];
                     if let Some(list) = pending.held.get_mut(&blob) {
                         subtract(list, range);
+                        if list.is_empty() {
+                            pending.held.remove(&blob);
+                        }
                     }
                     let list = pending.dropped.entry(blob).or_default();
                     list.push(range);
@@ -246,7 +252,104 @@ pub(super) fn images_pb(images: &HashMap<String, Vec<String>>) -> Vec<pb::ImageB
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use rafs_format::chunk::DigestAlgo;
+
     use super::*;
+    use crate::cache::ChunkCache;
+    use crate::config::P2pConfig;
+    use crate::peer::server::UploadLimits;
+    use crate::peer::PeerServer;
+
+    /// A network with one replica it counts as registered (nothing is sent: the
+    /// membership task is not started), and its cache's directory.
+    fn network() -> (Arc<Network>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Arc::new(ChunkCache::open(dir.path(), 1 << 20).unwrap());
+        let server = PeerServer::new(
+            cache,
+            UploadLimits {
+                max_uploads: 1,
+                bytes_per_sec: None,
+                corrupt: false,
+            },
+        );
+        let config = P2pConfig {
+            scheduler: Some("http://127.0.0.1:9".into()),
+            advertise: Some("127.0.0.1:7081".into()),
+            ..P2pConfig::default()
+        };
+        let (preheats, _) = crate::peer::preheat::queue();
+        let network = Network::new(&config, server, preheats).unwrap();
+        network.replicas[0]
+            .registered
+            .store(true, Ordering::Relaxed);
+        (network, dir)
+    }
+
+    fn key(n: u8) -> ChunkKey {
+        ChunkKey {
+            algo: DigestAlgo::Sha256,
+            digest: [n; 32],
+        }
+    }
+
+    /// Whether the replica's membership task was woken (taking the wake-up).
+    async fn woken(network: &Network) -> bool {
+        let wait = network.replicas[0].wake.notified();
+        tokio::time::timeout(Duration::from_millis(10), wait)
+            .await
+            .is_ok()
+    }
+
+    /// Dropped chunks leave what is held (so the full announcement leaves them out)
+    /// and are queued as dropped ranges where they were announced — at once when
+    /// corrupt, quietly when evicted; held again, they are no longer queued as dropped;
+    /// chunks never announced are ignored.
+    #[tokio::test]
+    async fn dropped_chunks_are_queued_where_they_were_announced() {
+        let (n, _dir) = network();
+        n.held("b1", [(key(1), (0, 10)), (key(2), (10, 20))]);
+        n.held("b2", [(key(1), (100, 110))]);
+        assert!(woken(&n).await);
+        let queued = |n: &Network| {
+            let state = n.state();
+            let p = &state.pending[0];
+            (state.held.clone(), p.held.clone(), p.dropped.clone())
+        };
+        let map = |pairs: &[(&str, Vec<(u64, u64)>)]| -> HashMap<String, Vec<(u64, u64)>> {
+            pairs
+                .iter()
+                .map(|(b, r)| (b.to_string(), r.clone()))
+                .collect()
+        };
+
+        n.dropped(&[key(1), key(9)], DropCause::Corrupt);
+        assert!(woken(&n).await, "a corrupt chunk was not announced at once");
+        let (held, pending, dropped) = queued(&n);
+        assert_eq!(held, map(&[("b1", vec![(10, 20)])]));
+        assert_eq!(pending, map(&[("b1", vec![(10, 20)])]));
+        assert_eq!(
+            dropped,
+            map(&[("b1", vec![(0, 10)]), ("b2", vec![(100, 110)])])
+        );
+
+        n.held("b1", [(key(1), (0, 10))]);
+        assert!(woken(&n).await);
+        let (_, _, dropped) = queued(&n);
+        assert_eq!(dropped, map(&[("b2", vec![(100, 110)])]));
+
+        n.dropped(&[key(2)], DropCause::Evicted);
+        assert!(!woken(&n).await, "an eviction woke the announcer");
+        let (held, _, dropped) = queued(&n);
+        assert_eq!(held, map(&[("b1", vec![(0, 10)])]));
+        assert_eq!(
+            dropped,
+            map(&[("b1", vec![(10, 20)]), ("b2", vec![(100, 110)])])
+        );
+    }
 
     #[test]
     fn ranges_subtract() {
