@@ -451,24 +451,6 @@ fn a_scheduler_replica_killed_mid_swarm_moves_only_its_blobs() {
     );
 }
 
-/// The chunk files under an agent's cache and their total size.
-fn chunk_files_bytes(agent: &AgentProcess) -> u64 {
-    fn walk(dir: &Path) -> u64 {
-        std::fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .map(|e| e.unwrap())
-                    .map(|e| match e.file_type().unwrap().is_dir() {
-                        true => walk(&e.path()),
-                        false => e.metadata().unwrap().len(),
-                    })
-                    .sum()
-            })
-            .unwrap_or(0)
-    }
-    walk(&agent.cache_dir.join("chunks/data"))
-}
-
 /// One byte accounting, with the registry's access log as ground truth: two agents'
 /// origin wire bytes sum to the chunk bytes the registry sent; the reader's peer bytes
 /// equal the server's uploaded bytes; a read from the disk cache counts no more cache
@@ -476,7 +458,10 @@ fn chunk_files_bytes(agent: &AgentProcess) -> u64 {
 /// stored equal the chunk files on disk; /metrics says what `tessera status` says.
 #[test]
 fn byte_counters_agree_with_the_registry_and_each_other() {
-    let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &[]);
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
+    let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &with_admin(&token));
     let mut first = swarm.agent(&[]);
     let second = swarm.agent(&[]);
     wait_registered(&first);
@@ -506,10 +491,26 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
         n(&p2["peer_bytes"]),
         "uploaded by the server, fetched from peers by the reader"
     );
+    // The scheduler's stats are the sums of what the agents count (reports are sent
+    // in the background: a few seconds at most).
+    let agents = (
+        n(&p1["origin_bytes"]) + n(&p2["origin_bytes"]),
+        n(&p1["peer_bytes"]) + n(&p2["peer_bytes"]),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let scheduler = loop {
+        let stats = scheduler_admin(&swarm, &token, &["stats"]);
+        let seen = (n(&stats["origin_bytes"]), n(&stats["peer_bytes"]));
+        if seen == agents || std::time::Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(scheduler, agents, "the scheduler's (origin, peer) bytes");
     for agent in [&first, &second] {
         let status = agent.status();
         let cache = &status["cache"];
-        let on_disk = chunk_files_bytes(agent);
+        let on_disk: u64 = chunk_files(agent).iter().map(|(_, size)| size).sum();
         assert_eq!(n(&cache["bytes"]), on_disk, "{status}");
         assert_eq!(n(&cache["stored_bytes"]), on_disk, "{status}");
         let metrics = agent.metrics();
@@ -548,4 +549,194 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
         "cache bytes beyond the bytes read: {status}"
     );
     assert_eq!((n(&p["origin_bytes"]), n(&p["peer_bytes"])), (0, 0), "{p}");
+}
+
+const DROP_ADMIN_TOKEN: &str = "dropped-chunks-admin-token-7b1d";
+
+/// Scheduler arguments for its admin API on port 7090 with the token in `token`.
+fn with_admin(token: &Path) -> [&str; 4] {
+    [
+        "--admin-listen",
+        "0.0.0.0:7090",
+        "--admin-token-file",
+        support::s(token),
+    ]
+}
+
+/// The scheduler's view of host `id` (its admin API, through the scheduler binary).
+fn scheduler_host(swarm: &Swarm, token: &Path, id: &str) -> serde_json::Value {
+    scheduler_admin(swarm, token, &["host", id])
+}
+
+/// `tessera-scheduler admin --json ARGS` against the swarm's scheduler.
+fn scheduler_admin(swarm: &Swarm, token: &Path, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(support::scheduler::binary())
+        .args([
+            "admin",
+            "--url",
+            &format!("http://{}:7090", swarm.scheduler.ip()),
+            "--token-file",
+        ])
+        .arg(token)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The chunk files in an agent's cache, sorted by path, with their sizes.
+fn chunk_files(agent: &AgentProcess) -> Vec<(PathBuf, u64)> {
+    let mut files = Vec::new();
+    let mut dirs = vec![agent.cache_dir.join("chunks").join("data")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                dirs.push(e.path());
+            } else {
+                files.push((e.path(), meta.len()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Waits up to 10 s for the scheduler's `bytes_held` of `id` to come within 3% of
+/// `expected`; the last value seen.
+fn wait_bytes_held(swarm: &Swarm, token: &Path, id: &str, expected: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held = scheduler_host(swarm, token, id)["bytes_held"]
+            .as_u64()
+            .unwrap();
+        if held.abs_diff(expected) <= expected / 33 || std::time::Instant::now() > deadline {
+            return held;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A serving peer whose chunk files are corrupted on disk (a quarter of them) drops
+/// them when a second node asks for them, and tells the scheduler at once: its
+/// `bytes_held` follows what it still holds on disk, and a third node's read asks it
+/// for none of the dropped chunks (its cache sees no request for a chunk it lacks).
+#[test]
+fn a_peer_that_drops_corrupt_chunks_is_no_longer_advertised_for_them() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
+    let mut swarm = Swarm::new(6, 8 << 20, "400mbit", &with_admin(&token));
+    let seed = swarm.agent(&[]);
+    let second = swarm.agent(&[]);
+    let third = swarm.agent(&[]);
+    for a in [&seed, &second, &third] {
+        wait_registered(a);
+    }
+    let mnt = swarm.mount(&seed);
+    swarm.read_all(&mnt); // From the origin: the seed is the only holder.
+    let files = chunk_files(&seed);
+    let on_disk: u64 = files.iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "before any drop the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+
+    // Every fourth chunk file corrupted in place (same size: only the digest shows it).
+    let corrupted: Vec<&(PathBuf, u64)> = files.iter().step_by(4).collect();
+    for (path, _) in &corrupted {
+        let mut data = std::fs::read(path).unwrap();
+        data[0] ^= 0xff;
+        std::fs::write(path, data).unwrap();
+    }
+    let mnt = swarm.mount(&second);
+    swarm.read_all(&mnt);
+    let p = pull(&second);
+    assert_eq!(p["verification_failures"], 0, "{p}");
+    // The seed finds those it is asked for (once it lacked some it is down-ranked and
+    // asked less, so not necessarily all twelve) and drops them.
+    let seed_cache = seed.status()["cache"].clone();
+    let found = seed_cache["verification_failures"].as_u64().unwrap();
+    assert!(
+        found >= 1,
+        "the seed was never asked for a corrupted chunk: {seed_cache}"
+    );
+    let on_disk: u64 = chunk_files(&seed).iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "after dropping {found} corrupt chunks the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+    eprintln!("seed dropped {found} corrupt chunks; scheduler: {held} bytes held, disk: {on_disk}");
+
+    // The third node reads: the seed's cache is asked for nothing it lacks.
+    let misses = seed.status()["cache"]["misses"].as_u64().unwrap();
+    let mnt = swarm.mount(&third);
+    swarm.read_all(&mnt);
+    let p = pull(&third);
+    assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
+    let asked_missing = seed.status()["cache"]["misses"].as_u64().unwrap() - misses;
+    assert_eq!(
+        asked_missing, 0,
+        "the third node asked the seed for {asked_missing} chunks it had dropped"
+    );
+}
+
+/// A peer whose small cache evicts most of what it read tells the scheduler with its
+/// next announcement or heartbeat: its `bytes_held` follows what is left on disk, and
+/// a second node's read asks it for none of the evicted chunks.
+#[test]
+fn an_evicting_peer_is_no_longer_advertised_for_what_it_evicted() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
+    // A 3 s lease: heartbeats, which carry evictions, every second.
+    let mut swarm = Swarm::new(
+        6,
+        8 << 20,
+        "400mbit",
+        &[
+            "--lease-secs",
+            "3",
+            "--admin-listen",
+            "0.0.0.0:7090",
+            "--admin-token-file",
+            support::s(&token),
+        ],
+    );
+    let seed = swarm.agent(&["--cache-capacity", "16M"]);
+    let reader = swarm.agent(&[]);
+    for a in [&seed, &reader] {
+        wait_registered(a);
+    }
+    let mnt = swarm.mount(&seed);
+    swarm.read_all(&mnt);
+    let cache = seed.status()["cache"].clone();
+    assert!(cache["evictions"].as_u64().unwrap() > 0, "{cache}");
+    let on_disk: u64 = chunk_files(&seed).iter().map(|(_, size)| size).sum();
+    let held = wait_bytes_held(&swarm, &token, "agent1", on_disk);
+    assert!(
+        held.abs_diff(on_disk) <= on_disk / 33,
+        "after evictions the scheduler says the seed holds {held} bytes, its disk {on_disk}"
+    );
+
+    let misses = seed.status()["cache"]["misses"].as_u64().unwrap();
+    let mnt = swarm.mount(&reader);
+    swarm.read_all(&mnt);
+    let asked_missing = seed.status()["cache"]["misses"].as_u64().unwrap() - misses;
+    assert_eq!(
+        asked_missing, 0,
+        "the reader asked the seed for {asked_missing} chunks it had evicted"
+    );
+    let p = pull(&reader);
+    assert!(p["peer_bytes"].as_u64().unwrap() > 0, "{p}");
 }

@@ -3,16 +3,19 @@
 //! merges what it announces the same way, so both sides share one definition.
 //!
 //! A leaf: it knows [`ByteRange`] and nothing else of the protocol. [`merge`] also
-//! takes plain `(start, end)` pairs, as the agent keeps them.
+//! and [`subtract`] also take plain `(start, end)` pairs, as the agent keeps them.
 
 use crate::domain::ByteRange;
 
-/// A `[start, end)` range [`merge`] can work on: [`ByteRange`] or a `(start, end)` pair.
+/// A `[start, end)` range [`merge`] and [`subtract`] can work on: [`ByteRange`] or a
+/// `(start, end)` pair.
 pub trait Span: Copy {
     fn start(&self) -> u64;
     fn end(&self) -> u64;
     /// The same range ending at `end`.
     fn with_end(self, end: u64) -> Self;
+    /// The same range starting at `start`.
+    fn with_start(self, start: u64) -> Self;
 }
 
 impl Span for ByteRange {
@@ -25,6 +28,9 @@ impl Span for ByteRange {
     fn with_end(self, end: u64) -> Self {
         ByteRange { end, ..self }
     }
+    fn with_start(self, start: u64) -> Self {
+        ByteRange { start, ..self }
+    }
 }
 
 impl Span for (u64, u64) {
@@ -36,6 +42,9 @@ impl Span for (u64, u64) {
     }
     fn with_end(self, end: u64) -> Self {
         (self.0, end)
+    }
+    fn with_start(self, start: u64) -> Self {
+        (start, self.1)
     }
 }
 
@@ -77,24 +86,18 @@ pub fn covers(ranges: &[ByteRange], want: ByteRange) -> bool {
 
 /// Removes the bytes of `gone` from `ranges` (sorted, disjoint), splitting a range
 /// that `gone` falls inside; order and disjointness are kept.
-pub fn subtract(ranges: &mut Vec<ByteRange>, gone: ByteRange) {
+pub fn subtract<R: Span>(ranges: &mut Vec<R>, gone: R) {
     let mut out = Vec::with_capacity(ranges.len() + 1);
     for r in ranges.drain(..) {
-        if r.end <= gone.start || r.start >= gone.end {
+        if r.end() <= gone.start() || r.start() >= gone.end() {
             out.push(r);
             continue;
         }
-        if r.start < gone.start {
-            out.push(ByteRange {
-                start: r.start,
-                end: gone.start,
-            });
+        if r.start() < gone.start() {
+            out.push(r.with_end(gone.start()));
         }
-        if r.end > gone.end {
-            out.push(ByteRange {
-                start: gone.end,
-                end: r.end,
-            });
+        if r.end() > gone.end() {
+            out.push(r.with_start(gone.end()));
         }
     }
     *ranges = out;

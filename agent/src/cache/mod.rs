@@ -36,6 +36,11 @@
 //!   none left the index is kept in memory (sled's temporary mode) until the next start,
 //!   whose rebuild picks up whatever was cached meanwhile.
 //!
+//! Whoever must know what left the cache (the swarm's announcements: peers must not
+//! be sent here for chunks no longer held) sets a hook with
+//! [`ChunkCache::on_drop`]; it is called after the change, with no lock held, with
+//! the keys and why they went.
+//!
 //! [`pieces`] keeps, beside the chunks, the piece tables of plain blobs the registry
 //! mirror cut (the peer service serves them too, so they sit below both).
 
@@ -96,6 +101,21 @@ pub struct CacheStats {
     pub stored_bytes: u64,
 }
 
+/// Why chunks left the cache, for the hook set with [`ChunkCache::on_drop`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DropCause {
+    /// Its file no longer matched its digest or size, or could not be read (a
+    /// corrupt or lost disk): found by a read, so others may be asking for it now.
+    Corrupt,
+    /// Evicted to keep the capacity.
+    Evicted,
+    /// Removed by a caller ([`ChunkCache::remove`]).
+    Removed,
+}
+
+/// Told which chunks left the cache and why (see [`ChunkCache::on_drop`]).
+pub type DropHook = Box<dyn Fn(&[ChunkKey], DropCause) + Send + Sync>;
+
 /// Memory sled may use for its page cache (its default is 1 GiB).
 const INDEX_MEMORY: u64 = 64 << 20;
 /// Stripes of per-key locks: enough that reader threads rarely share one.
@@ -136,6 +156,9 @@ pub struct ChunkCache {
     disk_full: AtomicBool,
     /// When the full disk was last warned about.
     full_warned: Mutex<Option<Instant>>,
+    /// Told of every chunk that leaves the cache after open (set once; a callback so
+    /// the cache, below the swarm in the layers, need not know it).
+    on_drop: std::sync::OnceLock<DropHook>,
     /// Test hook: how many coming writes fail as if the disk were full.
     #[cfg(test)]
     full_writes: std::sync::atomic::AtomicU32,
@@ -222,6 +245,7 @@ impl ChunkCache {
             evicting: Mutex::new(()),
             disk_full: AtomicBool::new(false),
             full_warned: Mutex::new(None),
+            on_drop: std::sync::OnceLock::new(),
             #[cfg(test)]
             full_writes: Default::default(),
         };
@@ -265,6 +289,7 @@ impl ChunkCache {
                     }
                     let path = chunk_path(&self.data_dir, key);
                     tracing::warn!(chunk = %key, path = %path.display(), "dropped a cached chunk: {why}");
+                    self.tell_dropped(&[*key], DropCause::Corrupt);
                 }
                 self.misses.fetch_add(1, Relaxed);
                 Ok(None)
@@ -348,9 +373,25 @@ impl ChunkCache {
     /// Drops a chunk (the registry mirror drops the pieces of a blob that failed its
     /// digest); `true` if it was cached.
     pub fn remove(&self, key: &ChunkKey) -> Result<bool> {
-        match self.entry(key)? {
-            Some(entry) => self.remove_if_current(key, entry),
-            None => Ok(false),
+        let removed = match self.entry(key)? {
+            Some(entry) => self.remove_if_current(key, entry)?,
+            None => false,
+        };
+        if removed {
+            self.tell_dropped(&[*key], DropCause::Removed);
+        }
+        Ok(removed)
+    }
+
+    /// Sets the hook told of every chunk that leaves the cache from now on; `false`
+    /// (and `hook` unused) if one was set already.
+    pub fn on_drop(&self, hook: DropHook) -> bool {
+        self.on_drop.set(hook).is_ok()
+    }
+
+    fn tell_dropped(&self, keys: &[ChunkKey], cause: DropCause) {
+        if let (Some(hook), false) = (self.on_drop.get(), keys.is_empty()) {
+            hook(keys, cause);
         }
     }
 
@@ -518,7 +559,20 @@ impl ChunkCache {
         if self.bytes.load(Relaxed) <= target {
             return Ok(());
         }
-        let _evicting = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut evicted = Vec::new();
+        let done = {
+            let _evicting = self.evicting.lock().unwrap_or_else(PoisonError::into_inner);
+            self.evict_locked(target, &mut evicted)
+        };
+        // Told in one batch, with no lock held, even when the scan stopped on an error:
+        // those chunks are gone either way.
+        self.tell_dropped(&evicted, DropCause::Evicted);
+        done
+    }
+
+    /// [`evict_to`](Self::evict_to)'s scan; the caller holds `evicting`. The keys it
+    /// evicted go to `evicted`.
+    fn evict_locked(&self, target: u64, evicted: &mut Vec<ChunkKey>) -> Result<()> {
         for record in self.index.scan_prefix([LRU_PREFIX]) {
             if self.bytes.load(Relaxed) <= target {
                 break;
@@ -538,6 +592,7 @@ impl ChunkCache {
                 Some(entry) if entry.seq == seq => {
                     self.remove_locked(&key, entry)?;
                     self.evictions.fetch_add(1, Relaxed);
+                    evicted.push(key);
                 }
                 // Not the key's current record: the iterator saw it before a use or a
                 // removal replaced it (or sled once lost half a batch). Removing it

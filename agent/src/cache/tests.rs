@@ -120,6 +120,46 @@ fn get_drops_a_corrupted_file_instead_of_serving_it() {
     assert_eq!(cache.get(&key).unwrap(), Some(data));
 }
 
+/// The drop hook hears of every chunk that leaves the cache, and why: a corrupt file
+/// found by a read, evictions (in one batch per eviction), removals; not of a
+/// removal of a chunk that was not there.
+#[test]
+fn the_drop_hook_is_told_what_left_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap();
+    type Told = Vec<(Vec<ChunkKey>, DropCause)>;
+    let told: Arc<Mutex<Told>> = Arc::default();
+    let sink = told.clone();
+    assert!(cache.on_drop(Box::new(move |keys, cause| {
+        sink.lock().unwrap().push((keys.to_vec(), cause));
+    })));
+    assert!(
+        !cache.on_drop(Box::new(|_, _| {})),
+        "a second hook was taken"
+    );
+    let all = chunks(4);
+    for (key, data) in &all[..2] {
+        cache.put(key, data).unwrap();
+    }
+    let mut bad = all[0].1.clone();
+    bad[7] ^= 1;
+    fs::write(chunk_path(&cache.data_dir, &all[0].0), &bad).unwrap();
+    assert_eq!(cache.get(&all[0].0).unwrap(), None);
+    cache.put(&all[2].0, &all[2].1).unwrap();
+    cache.put(&all[3].0, &all[3].1).unwrap();
+    assert!(cache.remove(&all[3].0).unwrap());
+    assert!(!cache.remove(&all[3].0).unwrap());
+    let told = told.lock().unwrap().clone();
+    assert_eq!(
+        told,
+        [
+            (vec![all[0].0], DropCause::Corrupt),
+            (vec![all[1].0], DropCause::Evicted),
+            (vec![all[3].0], DropCause::Removed),
+        ]
+    );
+}
+
 #[test]
 fn entries_and_lru_order_survive_reopening() {
     let dir = tempfile::tempdir().unwrap();

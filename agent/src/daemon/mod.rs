@@ -95,7 +95,7 @@ fn join_swarm(
         tracing::error!("p2p.fault_corrupt_uploads is on: this agent serves CORRUPTED chunks to peers (a test-only fault switch)");
     }
     let server = PeerServer::new(
-        cache,
+        cache.clone(),
         UploadLimits {
             max_uploads: p2p.max_uploads as usize,
             bytes_per_sec: (p2p.upload_bytes_per_sec > 0).then_some(p2p.upload_bytes_per_sec),
@@ -105,6 +105,14 @@ fn join_swarm(
     .with_piece_tables(tables);
     let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone(), preheat_tasks)?;
+    // Chunks the cache drops are announced as dropped, so peers stop being sent here
+    // for them. Weak: the network holds the cache (through its peer service).
+    let told = Arc::downgrade(&network);
+    cache.on_drop(Box::new(move |keys, cause| {
+        if let Some(network) = told.upgrade() {
+            network.dropped(keys, cause);
+        }
+    }));
     tracing::info!(listen = %p2p.peer_listen, host = network.host_id(), "serving peers");
     let gate = connections.gate("peer");
     let grpc = tessera_proto::listen::grpc_server(

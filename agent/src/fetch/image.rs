@@ -184,12 +184,12 @@ impl ImageChunks {
         }
         network.uses_image(&self.reference.to_string(), self.blob_digests.clone());
         for (blob, chunks) in self.ahead.order.iter().enumerate() {
-            let held: Vec<(u64, u64)> = chunks
+            let held: Vec<(ChunkKey, (u64, u64))> = chunks
                 .iter()
                 .filter_map(|&c| self.bootstrap.chunk(c).ok())
                 .map(|info| self.unit_of(&info))
                 .filter(|unit| store.contains(&unit.key))
-                .map(|unit| unit.range())
+                .map(|unit| (unit.key, unit.range()))
                 .collect();
             network.held(&self.blob_digests[blob], held);
         }

@@ -91,7 +91,7 @@ impl Fetcher {
                     Ok(Ok(got)) => {
                         verified += got.data.len() as u64;
                         if got.newly_stored {
-                            held.push(run[i].unit.range());
+                            held.push((run[i].unit.key, run[i].unit.range()));
                         }
                         outcomes[i] = Some(Ok(got));
                     }

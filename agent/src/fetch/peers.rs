@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use rafs_format::chunk::Compression;
 use tessera_proto::domain::{HostId, Peer, PeerChoice};
 use tessera_proto::pb;
+use tessera_proto::ranges::merge;
 
 use super::run::{span, Check, Planned};
 use super::seams::Peers;
@@ -202,7 +203,7 @@ impl Fetcher {
                 for (i, got) in slice.got {
                     round.got += 1;
                     if got.newly_stored {
-                        held.push(run[i].unit.range());
+                        held.push((run[i].unit.key, run[i].unit.range()));
                     }
                     outcomes[i] = Some(Ok(got));
                 }
@@ -341,16 +342,16 @@ impl Fetcher {
                     f.outcome(),
                 );
             }
-            // A clean end without everything: the peer no longer holds the rest.
+            // A clean end without everything: the peer no longer holds the rest. Said
+            // per stretch of missing units, not as one span: the scheduler takes these
+            // ranges off the peer, and units it did send may lie between them.
             None if got.len() < wanted_here.len() => {
-                peers.report(
-                    Some(&peer),
-                    blob,
-                    span(units(false)),
-                    0,
-                    elapsed,
-                    pb::Outcome::NotFound,
-                );
+                let mut missing: Vec<(u64, u64)> =
+                    units(false).into_iter().map(Unit::range).collect();
+                merge(&mut missing);
+                for range in missing {
+                    peers.report(Some(&peer), blob, range, 0, elapsed, pb::Outcome::NotFound);
+                }
             }
             None => {}
         }

@@ -155,7 +155,12 @@ impl Fetcher {
     }
 
     /// Reports verified units to the swarm when their kind may be offered at once.
-    pub(super) fn announce(&self, wanted: &dyn Wanted, blob: &str, held: Vec<(u64, u64)>) {
+    pub(super) fn announce(
+        &self,
+        wanted: &dyn Wanted,
+        blob: &str,
+        held: Vec<(ChunkKey, (u64, u64))>,
+    ) {
         if let Some(peers) = &self.peers {
             if wanted.announce_at_once() && !held.is_empty() {
                 peers.held(blob, held);

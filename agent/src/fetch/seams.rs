@@ -69,8 +69,10 @@ pub trait Peers: Send + Sync {
         outcome: pb::Outcome,
     );
 
-    /// Tells the scheduler this node now holds (verified, stored) these ranges.
-    fn held(&self, blob: &str, ranges: Vec<(u64, u64)>);
+    /// Tells the scheduler this node now holds (verified, stored) these chunks, at
+    /// these ranges of `blob` (the keys let it announce the ranges as dropped when the
+    /// cache drops the chunks).
+    fn held(&self, blob: &str, chunks: Vec<(ChunkKey, (u64, u64))>);
 
     /// How long a peer may stall before it is abandoned (for about 1 MiB).
     fn peer_timeout(&self) -> Duration;
@@ -189,8 +191,8 @@ impl Peers for Network {
         Network::report(self, peer, blob, range, bytes, took, outcome);
     }
 
-    fn held(&self, blob: &str, ranges: Vec<(u64, u64)>) {
-        Network::held(self, blob, ranges);
+    fn held(&self, blob: &str, chunks: Vec<(ChunkKey, (u64, u64))>) {
+        Network::held(self, blob, chunks);
     }
 
     fn peer_timeout(&self) -> Duration {

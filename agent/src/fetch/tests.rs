@@ -276,8 +276,11 @@ impl Peers for FakePeers {
             .push((peer.map(|p| p.id.clone()), outcome, bytes));
     }
 
-    fn held(&self, _blob: &str, ranges: Vec<(u64, u64)>) {
-        self.held.lock().unwrap().extend(ranges);
+    fn held(&self, _blob: &str, chunks: Vec<(ChunkKey, (u64, u64))>) {
+        self.held
+            .lock()
+            .unwrap()
+            .extend(chunks.into_iter().map(|(_, range)| range));
     }
 
     fn peer_timeout(&self) -> Duration {

@@ -397,21 +397,23 @@ impl Mirror {
                 }
             }
             if let Some(network) = network {
-                let ranges = (0..table.table.digests.len()).map(|i| table.table.piece_range(i));
-                network.held(&digest, ranges);
+                let t = &table.table;
+                let pieces =
+                    (0..t.digests.len()).map(|i| (piece_key(t.digests[i]), t.piece_range(i)));
+                network.held(&digest, pieces);
             }
         } else if table.from.is_none() {
             // A part, checked against this node's own table: its new pieces may be
             // offered.
             if let Some(network) = network {
-                let ranges = table
+                let pieces = table
                     .table
                     .digests
                     .iter()
                     .enumerate()
                     .filter(|(_, d)| added.contains(d))
-                    .map(|(i, _)| table.table.piece_range(i));
-                network.held(&digest, ranges);
+                    .map(|(i, d)| (piece_key(*d), table.table.piece_range(i)));
+                network.held(&digest, pieces);
             }
         }
     }
@@ -575,8 +577,9 @@ impl Mirror {
             return;
         }
         if let Some(network) = &self.network {
-            let ranges = (0..table.digests.len()).map(|i| table.piece_range(i));
-            network.held(&digest, ranges);
+            let pieces = (0..table.digests.len())
+                .map(|i| (piece_key(table.digests[i]), table.piece_range(i)));
+            network.held(&digest, pieces);
             network.report(
                 None,
                 &digest,

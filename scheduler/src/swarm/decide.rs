@@ -77,11 +77,12 @@ impl Swarm {
         };
         let mut candidates: Vec<(bool, f64, Slot)> = Vec::new();
         for k in 0..n.min(config.sample * 16) {
-            let (slot, ranges) = &blob.holders[(start + k) % n];
+            let holding = &blob.holders[(start + k) % n];
+            let slot = &holding.slot;
             if *slot == me {
                 continue;
             }
-            let held = covered(ranges, range);
+            let held = covered(&holding.ranges, range);
             if held == 0 {
                 continue;
             }
@@ -148,13 +149,15 @@ impl Swarm {
     }
 }
 
-/// Higher is better: same zone, spare upload slots, fast, reliable, not just offered.
+/// Higher is better: same zone, spare upload slots, fast, reliable (a peer that lacked
+/// what it was said to hold counts as unreliable until its next full announcement),
+/// not just offered.
 fn score(h: &HostState, zone: Option<&str>) -> f64 {
     let same_zone = zone.is_some() && h.host.labels.get("zone").map(String::as_str) == zone;
     let free = f64::from(h.host.max_uploads.saturating_sub(h.active_uploads))
         / f64::from(h.host.max_uploads.max(1));
     let speed = (h.speed / 1e6).min(1000.0).ln_1p() / 1000f64.ln_1p();
-    let reliability = 1.0 / (1.0 + f64::from(h.consecutive_failures));
+    let reliability = 1.0 / (1.0 + f64::from(h.consecutive_failures) + f64::from(h.misses));
     let recently_offered = f64::from(h.offered);
     (if same_zone { 2.0 } else { 0.0 }) + free + speed + reliability - 0.5 * recently_offered
 }

@@ -92,6 +92,11 @@ struct HostState {
     verification_failures: u32,
     /// Transfers from this host that failed (any way), for its success rate.
     failures: u64,
+    /// "Not found" answers for ranges this scheduler said it held, since its last full
+    /// announcement: it held less than it announced, so it ranks like a failing peer
+    /// (its drops may still be on their way) until a full announcement makes its
+    /// holdings true again.
+    misses: u32,
     /// When the host (re-)registered.
     registered: Instant,
     /// Not offered as a peer before this instant.
@@ -102,9 +107,6 @@ struct HostState {
     /// An administrator is draining it (before maintenance): not offered as a peer
     /// while this registration lasts; uploads under way finish.
     draining: bool,
-    /// Bytes of blobs it announced holding, kept as announcements change it (the
-    /// admin's host list must not walk every holding of every host).
-    bytes_held: u64,
 }
 
 /// An origin fetch under way.
@@ -115,10 +117,42 @@ struct Flight {
     started: Instant,
 }
 
+/// What one host holds of one blob: the one record both the hosts view (bytes held)
+/// and the blob view are derived from, so they cannot disagree.
+#[derive(Debug)]
+struct Holding {
+    slot: Slot,
+    /// Merged and sorted.
+    ranges: Vec<ByteRange>,
+    /// The bytes `ranges` span, kept with them by the methods below (the admin's host
+    /// list must not walk every range of every holding).
+    bytes: u64,
+}
+
+impl Holding {
+    fn add(&mut self, ranges: impl IntoIterator<Item = ByteRange>) {
+        self.ranges.extend(ranges);
+        merge(&mut self.ranges);
+        self.bytes = span(&self.ranges);
+    }
+
+    /// Takes `range` off; the bytes it held of it.
+    fn subtract(&mut self, range: ByteRange) -> u64 {
+        let before = self.bytes;
+        subtract(&mut self.ranges, range);
+        self.bytes = span(&self.ranges);
+        before - self.bytes
+    }
+}
+
+fn span(ranges: &[ByteRange]) -> u64 {
+    ranges.iter().map(|r| r.end - r.start).sum()
+}
+
 #[derive(Debug)]
 struct BlobState {
-    /// Holders with their merged, sorted ranges; `position` finds a holder's entry.
-    holders: Vec<(Slot, Vec<ByteRange>)>,
+    /// Holders with what they hold; `position` finds a holder's entry.
+    holders: Vec<Holding>,
     position: HashMap<Slot, usize>,
     flights: Vec<Flight>,
     /// The whole blob's size, once an announcer said.
@@ -129,10 +163,23 @@ impl BlobState {
     fn remove_holder(&mut self, slot: Slot) {
         if let Some(i) = self.position.remove(&slot) {
             self.holders.swap_remove(i);
-            if let Some((moved, _)) = self.holders.get(i) {
-                self.position.insert(*moved, i);
+            if let Some(moved) = self.holders.get(i) {
+                self.position.insert(moved.slot, i);
             }
         }
+    }
+
+    fn holding_mut(&mut self, slot: Slot) -> Option<&mut Holding> {
+        let i = *self.position.get(&slot)?;
+        self.holders.get_mut(i)
+    }
+
+    /// The bytes `slot` holds of this blob.
+    fn bytes_of(&self, slot: Slot) -> u64 {
+        self.position
+            .get(&slot)
+            .and_then(|&i| self.holders.get(i))
+            .map_or(0, |h| h.bytes)
     }
 }
 
@@ -194,11 +241,11 @@ impl Swarm {
             consecutive_failures: 0,
             verification_failures: 0,
             failures: 0,
+            misses: 0,
             registered: now,
             resting_until: None,
             blobs: Vec::new(),
             draining: false,
-            bytes_held: 0,
         };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
@@ -282,11 +329,10 @@ impl Swarm {
                 blob.remove_holder(slot);
                 blob.flights.retain(|f| f.host != slot);
             }
-            self.state_mut(slot).bytes_held = 0;
+            // What it holds is true again: its earlier misses are not held against it.
+            self.state_mut(slot).misses = 0;
             self.stop_using_images(slot);
         }
-        let span = |ranges: &[ByteRange]| ranges.iter().map(|r| r.end - r.start).sum::<u64>();
-        let (mut added, mut removed) = (0u64, 0u64);
         for image in a.images {
             let state = self.images.entry(image.image).or_default();
             state.blobs = image.blobs;
@@ -301,42 +347,40 @@ impl Swarm {
             let i = match blob.position.get(&slot) {
                 Some(&i) => i,
                 None => {
-                    blob.holders.push((slot, Vec::new()));
+                    blob.holders.push(Holding {
+                        slot,
+                        ranges: Vec::new(),
+                        bytes: 0,
+                    });
                     blob.position.insert(slot, blob.holders.len() - 1);
                     blob.holders.len() - 1
                 }
             };
-            let ranges = &mut blob.holders[i].1;
-            let before = span(ranges);
-            ranges.extend(held.ranges);
-            merge(ranges);
-            added += span(ranges) - before;
+            let holding = &mut blob.holders[i];
+            holding.add(held.ranges);
             // Any part announced ends the flight: others now get this host for that
             // part and ask again for the rest (going to the origin if nobody has it).
-            let ranges = ranges.clone();
+            let ranges = holding.ranges.clone();
             blob.flights
                 .retain(|f| f.host != slot || !ranges.iter().any(|r| overlaps(*r, f.range)));
         }
         for dropped in a.dropped {
             if let Some(&ix) = self.blob_ids.get(&dropped.blob) {
-                let blob = &mut self.blobs[ix as usize];
-                if let Some(&i) = blob.position.get(&slot) {
-                    let before = span(&blob.holders[i].1);
+                if let Some(holding) = self.blobs[ix as usize].holding_mut(slot) {
                     for r in dropped.ranges {
-                        subtract(&mut blob.holders[i].1, r);
+                        holding.subtract(r);
                     }
-                    removed += before - span(&blob.holders[i].1);
                 }
             }
         }
-        let h = self.state_mut(slot);
-        h.bytes_held = (h.bytes_held + added).saturating_sub(removed);
         Ok(())
     }
 
     /// Learns from transfers: speeds and successes raise a peer, failures rest it, and
-    /// verification failures exclude it. A failed origin fetch ends the reporter's
-    /// flight so another host may try.
+    /// verification failures exclude it. A "not found" for a range the peer was said
+    /// to hold takes the range off it and counts as a failure and a miss (see
+    /// `HostState::misses`). A failed origin fetch ends the reporter's flight so
+    /// another host may try.
     pub fn report(
         &mut self,
         reporter: &HostId,
@@ -344,6 +388,9 @@ impl Swarm {
         now: Instant,
     ) -> Result<(), UnknownHost> {
         let me = self.live_slot(reporter, now)?;
+        // A stream that lacked several stretches is reported as several transfers: it
+        // counts as one failure, as a failed stream does.
+        let mut missed: Vec<Slot> = Vec::new();
         for t in transfers {
             let c = &mut self.counters;
             match (t.outcome, &t.peer) {
@@ -386,11 +433,23 @@ impl Swarm {
                     tracing::warn!(peer = %peer.0, reporter = %reporter.0, "peer served bytes that failed verification");
                 }
                 Outcome::NotFound => {
-                    // It no longer holds the range: forget that it did.
-                    if let Some(&ix) = self.blob_ids.get(&t.blob) {
-                        let blob = &mut self.blobs[ix as usize];
-                        if let Some(&i) = blob.position.get(&slot) {
-                            subtract(&mut blob.holders[i].1, t.range);
+                    // It no longer holds the range: forget that it did. If it had not
+                    // said so itself (its drops not announced, or lost), the asker
+                    // paid a round trip for nothing: rank it like a failing peer.
+                    let had = self
+                        .blob_ids
+                        .get(&t.blob)
+                        .and_then(|&ix| self.blobs[ix as usize].holding_mut(slot))
+                        .map_or(0, |holding| holding.subtract(t.range));
+                    if had > 0 && !missed.contains(&slot) {
+                        missed.push(slot);
+                        let p = self.state_mut(slot);
+                        p.misses = p.misses.saturating_add(1);
+                        p.failures += 1;
+                        p.consecutive_failures += 1;
+                        if p.consecutive_failures >= limit {
+                            p.resting_until = Some(now + rest);
+                            p.consecutive_failures = 0;
                         }
                     }
                 }
@@ -520,5 +579,134 @@ mod tests {
         assert_eq!(s.expire(later), 3);
         assert!(s.heartbeat(&HostId("good".into()), 0, later).is_err());
         assert_eq!(s.host_count(), 0);
+    }
+}
+
+#[cfg(test)]
+mod dropped_tests {
+    use super::testing::{announce, blob, find, host};
+    use super::*;
+
+    fn not_found(peer: &str, start: u64, end: u64) -> Transfer {
+        Transfer {
+            peer: Some(HostId(peer.into())),
+            blob: blob(),
+            range: ByteRange { start, end },
+            bytes: 0,
+            duration_us: 10,
+            outcome: Outcome::NotFound,
+        }
+    }
+
+    fn bytes_held(s: &Swarm, id: &str, now: Instant) -> u64 {
+        s.host(&HostId(id.into()), now).unwrap().bytes_held
+    }
+
+    fn first_peer(s: &mut Swarm, start: u64, end: u64, now: Instant) -> String {
+        match s.find_peers(&find("me", start, end), now).unwrap() {
+            Decision::Peers(p) => p[0].0 .0.clone(),
+            d => panic!("{d:?}"),
+        }
+    }
+
+    /// A "not found" answer for a range the scheduler said the peer held takes that
+    /// range off the peer in the one record both views are derived from (the hosts
+    /// view's bytes_held and the blob view agree), and down-ranks the peer until its
+    /// next full announcement; a success in between does not lift it.
+    #[test]
+    fn not_found_shrinks_both_views_and_down_ranks_until_a_full_announce() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["a", "b", "me"] {
+            s.register(host(id, "z"), now);
+        }
+        announce(&mut s, "a", 0, 1000, now);
+        announce(&mut s, "b", 0, 1000, now);
+        s.report(&HostId("me".into()), &[not_found("a", 0, 100)], now)
+            .unwrap();
+        assert_eq!(bytes_held(&s, "a", now), 900);
+        let total: u64 = s.blobs().iter().map(|b| b.total_bytes_held).sum();
+        assert_eq!(total, bytes_held(&s, "a", now) + bytes_held(&s, "b", now));
+
+        // Both hold 500..600 whole: the peer that said "not found" comes second, even
+        // after a success from it, lookup after lookup (heartbeats reset the spreading).
+        let success = Transfer {
+            outcome: Outcome::Ok,
+            bytes: 100,
+            range: ByteRange {
+                start: 200,
+                end: 300,
+            },
+            ..not_found("a", 0, 0)
+        };
+        s.report(&HostId("me".into()), &[success], now).unwrap();
+        for step in 1..=3 {
+            let t = now + Duration::from_secs(step);
+            for id in ["a", "b", "me"] {
+                s.heartbeat(&HostId(id.into()), 0, t).unwrap();
+            }
+            assert_eq!(first_peer(&mut s, 500, 600, t), "b", "lookup {step}");
+        }
+
+        // Its next full announcement ends it: a is ranked as before (b, offered last,
+        // spreads the next lookup to a).
+        let t = now + Duration::from_secs(4);
+        for id in ["a", "b", "me"] {
+            s.heartbeat(&HostId(id.into()), 0, t).unwrap();
+        }
+        s.announce(
+            Announce {
+                host: HostId("a".into()),
+                held: vec![tessera_proto::domain::BlobRanges {
+                    blob: blob(),
+                    ranges: vec![ByteRange {
+                        start: 0,
+                        end: 1000,
+                    }],
+                    size: None,
+                }],
+                dropped: vec![],
+                full: true,
+                images: vec![],
+            },
+            t,
+        )
+        .unwrap();
+        assert_eq!(bytes_held(&s, "a", t), 1000);
+        let firsts: HashSet<String> = (0..2).map(|_| first_peer(&mut s, 500, 600, t)).collect();
+        assert_eq!(firsts.len(), 2, "a was still down-ranked: {firsts:?}");
+    }
+
+    /// A "not found" for a range the peer had already announced as dropped is no
+    /// fault of the peer: it is not down-ranked.
+    #[test]
+    fn not_found_for_an_announced_drop_is_not_held_against_the_peer() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["a", "b", "me"] {
+            s.register(host(id, "z"), now);
+        }
+        announce(&mut s, "a", 0, 1000, now);
+        announce(&mut s, "b", 0, 1000, now);
+        s.announce(
+            Announce {
+                host: HostId("a".into()),
+                held: vec![],
+                dropped: vec![tessera_proto::domain::BlobRanges {
+                    blob: blob(),
+                    ranges: vec![ByteRange { start: 0, end: 100 }],
+                    size: None,
+                }],
+                full: false,
+                images: vec![],
+            },
+            now,
+        )
+        .unwrap();
+        assert_eq!(bytes_held(&s, "a", now), 900);
+        s.report(&HostId("me".into()), &[not_found("a", 0, 100)], now)
+            .unwrap();
+        let firsts: HashSet<String> = (0..2).map(|_| first_peer(&mut s, 500, 600, now)).collect();
+        assert_eq!(firsts.len(), 2, "a was down-ranked: {firsts:?}");
     }
 }

@@ -51,7 +51,9 @@ pub struct HostView {
     pub registered_ms_ago: u64,
     pub last_seen_ms_ago: u64,
     pub blobs_held: usize,
-    /// Bytes of blobs the host announced holding.
+    /// Bytes of blobs the host holds as far as the scheduler knows: announced, less
+    /// what it announced dropping and what it answered "not found" for. Summed from
+    /// the same records as the blob view's figures.
     pub bytes_held: u64,
     pub active_uploads: u32,
     pub max_uploads: u32,
@@ -148,6 +150,13 @@ impl Swarm {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let remaining = h.expires.saturating_duration_since(now);
         let transfers = h.successes + h.failures;
+        let slot = self.ids.get(&h.host.id).copied();
+        let bytes_held = slot.map_or(0, |slot| {
+            h.blobs
+                .iter()
+                .map(|&ix| self.blobs[ix as usize].bytes_of(slot))
+                .sum()
+        });
         HostView {
             id: h.host.id.0.clone(),
             address: h.host.address.to_string(),
@@ -155,7 +164,7 @@ impl Swarm {
             registered_ms_ago: ms(now.saturating_duration_since(h.registered)),
             last_seen_ms_ago: ms(self.config.lease.saturating_sub(remaining)),
             blobs_held: h.blobs.len(),
-            bytes_held: h.bytes_held,
+            bytes_held,
             active_uploads: h.active_uploads,
             max_uploads: h.host.max_uploads,
             upload_speed_bps: h.speed as u64,
@@ -177,11 +186,7 @@ impl Swarm {
             .iter()
             .map(|(digest, &ix)| {
                 let blob = &self.blobs[ix as usize];
-                let held: Vec<u64> = blob
-                    .holders
-                    .iter()
-                    .map(|(_, ranges)| ranges.iter().map(|r| r.end - r.start).sum())
-                    .collect();
+                let held: Vec<u64> = blob.holders.iter().map(|h| h.bytes).collect();
                 BlobView {
                     blob: digest.0.clone(),
                     holders: held.iter().filter(|&&b| b > 0).count(),
@@ -191,7 +196,7 @@ impl Swarm {
                     complete_holders: blob
                         .holders
                         .iter()
-                        .filter(|(slot, _)| self.holds_whole(ix, *slot))
+                        .filter(|h| self.holds_whole(ix, h.slot))
                         .count(),
                     origin_fetches: blob.flights.len(),
                 }
@@ -233,7 +238,7 @@ impl Swarm {
             return false;
         };
         blob.holders[i]
-            .1
+            .ranges
             .first()
             .is_some_and(|r| r.start == 0 && r.end >= size)
     }

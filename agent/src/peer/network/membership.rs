@@ -82,6 +82,7 @@ impl Network {
         let (held, images) = {
             let mut state = self.state();
             state.pending[r].held.clear();
+            state.pending[r].dropped.clear();
             state.pending[r].images.clear();
             let owned: HashMap<String, Vec<(u64, u64)>> = state
                 .held

@@ -18,7 +18,8 @@
 //! Files, each one concern: this one holds the [`Network`] and its state and joins
 //! it up; [`membership`] registers and keeps the lease with heartbeats (one task per
 //! replica), notices a lost replica and leaves; [`announce`] is what this host tells
-//! the schedulers about data (held ranges, blob sizes, images, transfer reports) and
+//! the schedulers about data (held and dropped ranges, blob sizes, images, transfer
+//! reports) and
 //! what it asks them (who holds a range); [`peers`] are the connections to other
 //! agents' peer services, TLS, and what a peer's failure means.
 
@@ -39,6 +40,7 @@ use tessera_proto::pb::scheduler_client::SchedulerClient;
 use tokio::sync::Notify;
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
+use crate::cache::ChunkKey;
 use crate::config::P2pConfig;
 use crate::peer::preheat::{PreheatSender, Preheats};
 use crate::peer::ring::Ring;
@@ -87,9 +89,13 @@ struct Replica {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Everything this host announced since it started, merged per blob: re-announced
-    /// in full after each registration (to each replica, the blobs it owns).
+    /// Everything this host announced since it started, merged per blob, less what it
+    /// dropped since: re-announced in full after each registration (to each replica,
+    /// the blobs it owns).
     held: HashMap<String, Vec<(u64, u64)>>,
+    /// Where each announced chunk is in its blobs: the cache drops chunks by key, the
+    /// schedulers know ranges of blobs (one chunk may sit in several).
+    places: HashMap<ChunkKey, Vec<Place>>,
     /// Whole blob sizes, where known (sent with the ranges).
     sizes: HashMap<String, u64>,
     /// Images this host uses and their blobs (sent to every replica).
@@ -98,9 +104,14 @@ struct State {
     pending: Vec<Pending>,
 }
 
+/// Where an announced chunk sits: a blob and the range of it.
+type Place = (String, (u64, u64));
+
 #[derive(Debug, Default)]
 struct Pending {
     held: HashMap<String, Vec<(u64, u64)>>,
+    /// Ranges this host no longer holds (chunks dropped from the cache).
+    dropped: HashMap<String, Vec<(u64, u64)>>,
     images: HashMap<String, Vec<String>>,
     reports: Vec<pb::Transfer>,
 }
@@ -198,6 +209,7 @@ impl Network {
         let ring = Ring::new(&urls);
         let state = State {
             held: HashMap::new(),
+            places: HashMap::new(),
             sizes: HashMap::new(),
             images: HashMap::new(),
             pending: urls.iter().map(|_| Pending::default()).collect(),
