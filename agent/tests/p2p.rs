@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::agent::AgentProcess;
-use support::swarm::{wait_registered, Swarm};
+use support::swarm::{admin_args, admin_json, wait_registered, Swarm};
 
 fn pull(agent: &AgentProcess) -> serde_json::Value {
     agent.status()["mounts"][0]["pull"].clone()
@@ -461,7 +461,8 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
     let t = tempfile::tempdir().unwrap();
     let token = t.path().join("admin.token");
     std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
-    let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &with_admin(&token));
+    let state = t.path().join("scheduler-state");
+    let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &admin_args(&token, &state));
     let mut first = swarm.agent(&[]);
     let second = swarm.agent(&[]);
     wait_registered(&first);
@@ -499,7 +500,7 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let scheduler = loop {
-        let stats = scheduler_admin(&swarm, &token, &["stats"]);
+        let stats = admin_json(&swarm.admin(&token, &["stats"]));
         let seen = (n(&stats["origin_bytes"]), n(&stats["peer_bytes"]));
         if seen == agents || std::time::Instant::now() > deadline {
             break seen;
@@ -553,42 +554,9 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
 
 const DROP_ADMIN_TOKEN: &str = "dropped-chunks-admin-token-7b1d";
 
-/// Scheduler arguments for its admin API on port 7090 with the token in `token`.
-fn with_admin(token: &Path) -> [&str; 4] {
-    [
-        "--admin-listen",
-        "0.0.0.0:7090",
-        "--admin-token-file",
-        support::s(token),
-    ]
-}
-
 /// The scheduler's view of host `id` (its admin API, through the scheduler binary).
 fn scheduler_host(swarm: &Swarm, token: &Path, id: &str) -> serde_json::Value {
-    scheduler_admin(swarm, token, &["host", id])
-}
-
-/// `tessera-scheduler admin --json ARGS` against the swarm's scheduler.
-fn scheduler_admin(swarm: &Swarm, token: &Path, args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(support::scheduler::binary())
-        .args([
-            "admin",
-            "--url",
-            &format!("http://{}:7090", swarm.scheduler.ip()),
-            "--token-file",
-        ])
-        .arg(token)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    admin_json(&swarm.admin(token, &["host", id]))
 }
 
 /// The chunk files in an agent's cache, sorted by path, with their sizes.
@@ -634,7 +602,8 @@ fn a_peer_that_drops_corrupt_chunks_is_no_longer_advertised_for_them() {
     let t = tempfile::tempdir().unwrap();
     let token = t.path().join("admin.token");
     std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
-    let mut swarm = Swarm::new(6, 8 << 20, "400mbit", &with_admin(&token));
+    let state = t.path().join("scheduler-state");
+    let mut swarm = Swarm::new(6, 8 << 20, "400mbit", &admin_args(&token, &state));
     let seed = swarm.agent(&[]);
     let second = swarm.agent(&[]);
     let third = swarm.agent(&[]);
@@ -700,19 +669,10 @@ fn an_evicting_peer_is_no_longer_advertised_for_what_it_evicted() {
     let token = t.path().join("admin.token");
     std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
     // A 3 s lease: heartbeats, which carry evictions, every second.
-    let mut swarm = Swarm::new(
-        6,
-        8 << 20,
-        "400mbit",
-        &[
-            "--lease-secs",
-            "3",
-            "--admin-listen",
-            "0.0.0.0:7090",
-            "--admin-token-file",
-            support::s(&token),
-        ],
-    );
+    let state = t.path().join("scheduler-state");
+    let mut args = vec!["--lease-secs", "3"];
+    args.extend(admin_args(&token, &state));
+    let mut swarm = Swarm::new(6, 8 << 20, "400mbit", &args);
     let seed = swarm.agent(&["--cache-capacity", "16M"]);
     let reader = swarm.agent(&[]);
     for a in [&seed, &reader] {

@@ -7,38 +7,10 @@
 
 mod support;
 
-use std::process::Output;
-
 use support::agent::AgentProcess;
-use support::swarm::{wait_registered, Swarm};
+use support::swarm::{admin_json, wait_registered, Swarm};
 
 const ADMIN_TOKEN: &str = "preheat-admin-token-4e0c";
-
-/// `tessera-scheduler admin --json …` against the swarm's scheduler.
-fn admin(swarm: &Swarm, token: &std::path::Path, args: &[&str]) -> Output {
-    std::process::Command::new(support::scheduler::binary())
-        .args([
-            "admin",
-            "--url",
-            &format!("http://{}:7090", swarm.scheduler.ip()),
-            "--token-file",
-        ])
-        .arg(token)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
 
 #[test]
 fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
@@ -68,8 +40,7 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
     let origin_at_start = swarm.origin_tx();
 
     // The job runs to the end by itself (`--wait`), bounded by its own timeout.
-    let out = admin(
-        &swarm,
+    let out = swarm.admin(
         &token,
         &[
             "preheat",
@@ -81,7 +52,7 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
             "--wait",
         ],
     );
-    let job = json(&out);
+    let job = admin_json(&out);
     assert!(
         out.status.success(),
         "preheat failed: {job}\n{}",
@@ -130,7 +101,7 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
     }
 
     // The scheduler knows the image now: used, and held whole, by the three hosts.
-    let images = json(&admin(&swarm, &token, &["images"]));
+    let images = admin_json(&swarm.admin(&token, &["images"]));
     let image = &images[0];
     assert_eq!(image["hosts"], 3, "{images}");
     assert_eq!(image["complete_hosts"], 3, "{images}");
@@ -146,8 +117,7 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
     let missing = swarm
         .reference
         .replace("tessera/app:v1", "tessera/missing:v1");
-    let out = admin(
-        &swarm,
+    let out = swarm.admin(
         &token,
         &[
             "preheat",
@@ -160,7 +130,7 @@ fn a_preheated_image_mounts_with_no_origin_and_no_peer_bytes() {
         ],
     );
     assert!(!out.status.success());
-    let failed = json(&out);
+    let failed = admin_json(&out);
     assert_eq!(failed["state"], "failed", "{failed}");
     let error = failed["error"].as_str().unwrap();
     let host = failed["hosts"].as_object().unwrap().keys().next().unwrap();

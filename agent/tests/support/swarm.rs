@@ -215,10 +215,52 @@ impl Swarm {
         &self.registry
     }
 
+    /// `tessera-scheduler admin --json ARGS` against the swarm's scheduler, started
+    /// with [`admin_args`] and the same `token`.
+    pub fn admin(&self, token: &Path, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(super::scheduler::binary())
+            .args([
+                "admin",
+                "--url",
+                &format!("http://{}:7090", self.scheduler.ip()),
+                "--token-file",
+            ])
+            .arg(token)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     /// Bytes the registry has sent so far, counted on its own network interface.
     pub fn origin_tx(&self) -> u64 {
         self.registry_host.tx_bytes()
     }
+}
+
+/// Scheduler arguments for its admin API on port 7090 with the token in `token`, and
+/// its state (the blocklist) in `state`: a test's own, or schedulers of tests running
+/// at once would share the default one and its lock.
+pub fn admin_args<'a>(token: &'a Path, state: &'a Path) -> [&'a str; 6] {
+    [
+        "--admin-listen",
+        "0.0.0.0:7090",
+        "--admin-token-file",
+        s(token),
+        "--state-dir",
+        s(state),
+    ]
+}
+
+/// What an admin command printed, as JSON (panics with its output otherwise).
+pub fn admin_json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// Waits until `agent` is registered with the scheduler, every replica of it (or fails
