@@ -101,7 +101,8 @@ pub struct Fetcher {
     stopped: watch::Sender<bool>,
     /// FUSE reads blocked on a miss in [`Fetcher::read_blocking`] right now.
     reads_waiting: AtomicUsize,
-    /// When the last FUSE read came, in milliseconds since `born`.
+    /// When the last FUSE read came or a waiting one was answered, in milliseconds
+    /// since `born`.
     last_read_ms: AtomicU64,
     born: std::time::Instant,
 }
@@ -149,12 +150,13 @@ impl Fetcher {
     /// FUSE reads blocked on a miss right now (the shutdown waits for them, up to its
     /// grace period).
     pub fn reads_waiting(&self) -> usize {
-        self.reads_waiting.load(Ordering::Relaxed)
+        self.reads_waiting.load(Ordering::SeqCst)
     }
 
-    /// Whether a FUSE read came within the last `recently`.
+    /// Whether a FUSE read came, or a waiting one was answered, within the last
+    /// `recently` (a reader's next read follows the answer, however long it waited).
     pub fn read_within(&self, recently: Duration) -> bool {
-        let last = Duration::from_millis(self.last_read_ms.load(Ordering::Relaxed));
+        let last = Duration::from_millis(self.last_read_ms.load(Ordering::SeqCst));
         self.born.elapsed().saturating_sub(last) < recently
     }
 
@@ -249,7 +251,11 @@ impl Fetcher {
                 got = self.chunk(image, index) => got,
             }
         });
-        self.reads_waiting.fetch_sub(1, Ordering::Relaxed);
+        // The answer counts as activity: a shutdown waiting for reads to go quiet must
+        // not stop between this read and the reader's next.
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        self.last_read_ms.store(now_ms, Ordering::SeqCst);
+        self.reads_waiting.fetch_sub(1, Ordering::SeqCst);
         got
     }
 
