@@ -223,11 +223,6 @@ impl Fetcher {
             return Err(chunk_error(image, &unit, ChunkFailure::Stopped));
         }
         for next in image.read_ahead(index, window) {
-            // Stored ones are read when asked for: reading them ahead as well would
-            // race the reader and read the same chunk from disk twice.
-            if image.unit(next).is_ok_and(|u| self.store.contains(&u.key)) {
-                continue;
-            }
             let (fetcher, image) = (self.clone(), image.clone());
             runtime.spawn(async move {
                 let _ = fetcher.chunk(&image, next).await;
