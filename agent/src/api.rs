@@ -36,6 +36,8 @@ pub enum Request {
         mountpoint: PathBuf,
     },
     Status,
+    /// Verify every cached chunk now (`tessera cache verify`), dropping what fails.
+    CacheVerify,
 }
 
 /// A request as sent: the token matters only on TCP.

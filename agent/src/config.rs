@@ -39,6 +39,7 @@ pub struct AgentConfig {
     /// On SIGTERM or SIGINT, how long reads in flight may go on before what is left
     /// fails with EIO and the agent unmounts and exits (seconds).
     pub shutdown_grace_secs: u64,
+    pub scrub: ScrubConfig,
     pub fetch: FetchConfig,
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
@@ -305,6 +306,30 @@ pub enum Prefetch {
     All,
 }
 
+/// The background scrub: cached chunks are verified when they enter the cache and
+/// trusted after (shared/MISSION.md); the scrub re-reads every one at a bounded rate and
+/// drops what no longer matches its digest (disk rot, a tampered file).
+/// `tessera cache verify` does the same at once, at full speed.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrubConfig {
+    /// Bytes read per second (`16M`); 0 turns the scrub off.
+    #[serde(with = "size")]
+    pub bytes_per_sec: u64,
+    /// Hours from the start of one pass to the next (the first starts this long after
+    /// the agent does, so restarts do not re-read the disk).
+    pub every_hours: u64,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        ScrubConfig {
+            bytes_per_sec: 16 << 20,
+            every_hours: 24,
+        }
+    }
+}
+
 /// How chunks are fetched.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -371,6 +396,7 @@ impl Default for AgentConfig {
             metrics_listen: None,
             prefetch: Prefetch::List,
             shutdown_grace_secs: 10,
+            scrub: ScrubConfig::default(),
             fetch: FetchConfig::default(),
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
@@ -402,6 +428,11 @@ impl AgentConfig {
                 "cache_capacity: {} bytes is less than the 16 MiB one large chunk needs",
                 self.cache_capacity
             ));
+        }
+        if self.scrub.bytes_per_sec > 0 && self.scrub.every_hours == 0 {
+            problems.push(
+                "scrub.every_hours: must be at least 1 (or scrub.bytes_per_sec 0: off)".to_string(),
+            );
         }
         if self.api_tls_cert.is_some() != self.api_tls_key.is_some() {
             problems.push("api_tls_cert, api_tls_key: set both or neither".to_string());

@@ -41,6 +41,9 @@ enum Command {
     Umount(commands::agent::UmountArgs),
     /// Show the agent's mounts, cache and traffic.
     Status(commands::agent::StatusArgs),
+    /// Work on the agent's chunk cache.
+    #[command(subcommand)]
+    Cache(commands::agent::CacheCommand),
     /// Point containerd's registry hosts at the agent's mirror (hosts.toml files).
     ContainerdConfig(commands::containerd::ContainerdConfigArgs),
     /// Hold the snapshotter's FUSE connections while the agent restarts (the agent
@@ -68,6 +71,7 @@ fn main() {
         Command::Mount(args) => commands::agent::mount(args),
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),
+        Command::Cache(command) => commands::agent::cache(command),
         Command::ContainerdConfig(args) => commands::containerd::containerd_config(args),
         Command::FuseKeeper(args) => commands::agent::fuse_keeper(args),
     };

@@ -1179,3 +1179,80 @@ fn a_cache_disk_filled_mid_read_survives_a_restart() {
     drop(agent);
     drop(disk);
 }
+
+/// Every regular file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Warm reads trust what the agent verified when it cached it: a fresh mount over a
+/// full cache answers a 4 KiB read by reading those 4 KiB of the chunk's file (not the
+/// whole chunk, not hashed). Trust is not blind: `tessera cache verify` reads every
+/// chunk, drops the one damaged on disk, and the next read fetches it again.
+#[test]
+fn warm_reads_read_only_what_they_ask_and_cache_verify_drops_damaged_chunks() {
+    let t = tempfile::tempdir().unwrap();
+    let (files, layout) = files_image(t.path(), 2, |i| format!("data/f{i}.bin"), 4 << 20, 500);
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let mut agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "cold", &agent);
+    agent.ok(&["umount", s(&mnt)]);
+    // A restart empties the memory layer; the cache checkpointed at the stop, so its
+    // chunks are trusted (none is left to verify at its first read).
+    agent.restart();
+    assert_eq!(agent.status()["cache"]["unverified"], 0);
+
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    let file = std::fs::File::open(mnt.join(&files[0].0)).unwrap();
+    // No kernel read-ahead: the mount is asked for exactly the page read.
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random).unwrap();
+    let at = (1 << 20) + 8192;
+    let mut page = vec![0; 4096];
+    file.read_exact_at(&mut page, at).unwrap();
+    assert_eq!(page, files[0].1[at as usize..at as usize + 4096]);
+    let pull = &agent.status()["mounts"][0]["pull"];
+    assert_eq!(pull["origin_bytes"], 0, "{pull}");
+    assert_eq!(
+        pull["cache_bytes"], 4096,
+        "a 4 KiB read read 4 KiB of the cache: {pull}"
+    );
+    drop(file);
+    agent.ok(&["umount", s(&mnt)]);
+
+    // A chunk file damaged on disk, its size unchanged.
+    let chunk_files = files_under(&agent.cache_dir.join("chunks").join("data"));
+    assert!(chunk_files.len() >= 8, "{chunk_files:?}");
+    let damaged = &chunk_files[chunk_files.len() / 2];
+    let mut bytes = std::fs::read(damaged).unwrap();
+    bytes[100] ^= 0x55;
+    std::fs::write(damaged, &bytes).unwrap();
+    let out = agent.ok(&["cache", "verify"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("verified {} chunks", chunk_files.len()))
+            && said.contains("1 failed and were dropped"),
+        "{said}"
+    );
+    assert!(!damaged.exists());
+    assert_eq!(agent.status()["cache"]["verification_failures"], 1);
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "after the scrub", &agent);
+    let pull = &agent.status()["mounts"][0]["pull"];
+    assert!(
+        pull["origin_bytes"].as_u64().unwrap() > 0,
+        "the dropped chunk came from the origin again: {pull}"
+    );
+}

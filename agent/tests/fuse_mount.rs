@@ -12,6 +12,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +23,7 @@ use rafs_format::reader::{Bootstrap, LocalBlobs};
 use rustix::io::Errno;
 use support::fstree::{assert_trees_equal, generate_tree, CompareOptions, TreeSpec};
 use support::{build, s};
-use tessera_agent::fs::{self as tfs, ChunkReader, MountOptions, Mounted};
+use tessera_agent::fs::{self as tfs, ChunkReader, Data, MountOptions, Mounted};
 
 const MIB: usize = 1 << 20;
 
@@ -51,7 +52,7 @@ impl ImageReader {
 }
 
 impl ChunkReader for ImageReader {
-    fn read_chunk(&self, chunk: u32) -> io::Result<Arc<Vec<u8>>> {
+    fn read_chunk(&self, chunk: u32, within: Range<u32>) -> io::Result<Data> {
         if self.failing == Some(chunk) {
             return Err(io::Error::other("injected failure"));
         }
@@ -66,7 +67,10 @@ impl ChunkReader for ImageReader {
             .blobs
             .read_chunk(&self.bootstrap, &info)
             .map_err(io::Error::other)?;
-        Ok(Arc::new(bytes))
+        Ok(Data::part_of(
+            Arc::new(bytes),
+            within.start as usize..within.end as usize,
+        ))
     }
 }
 

@@ -5,13 +5,16 @@
 //! <dir>/index/                         sled database, one tree (the default one):
 //!     "version"                        → LAYOUT_VERSION, u64 big-endian
 //!     'e' algo digest[32]              → size u64 BE, seq u64 BE      (entry record)
-//!     'l' seq u64 BE, algo digest[32]  → empty                        (LRU record)
 //! <dir>/data/<algo>/<xx>/<hex>         the chunk's uncompressed bytes; xx = first digest byte
 //! <dir>/data/<algo>/<xx>/.tmp-*        a write in progress (removed at open)
+//! <dir>/synced                         "tessera-cache-synced <ns>\n": every chunk file
+//!                                      modified before <ns> (nanoseconds since the Unix
+//!                                      epoch) was on stable storage by then
 //! ```
 //!
 //! `algo` is [`DigestAlgo::to_byte`] in the index and [`DigestAlgo::name`] in paths.
-//! Sequence numbers are big-endian so sled's byte order of LRU records is their use order.
+//! The use order lives in memory; an entry's `seq` is its place in it as last written
+//! (uses are written in batches, so after a crash the order is a few seconds old).
 
 use std::path::{Path, PathBuf};
 
@@ -21,12 +24,34 @@ use super::ChunkKey;
 
 /// Stored under [`VERSION_KEY`]; an index of another version is rebuilt from the
 /// chunk files at open, never misread.
-pub(super) const LAYOUT_VERSION: u64 = 1;
+pub(super) const LAYOUT_VERSION: u64 = 2;
 pub(super) const VERSION_KEY: &[u8] = b"version";
 /// First byte of entry records.
 pub(super) const ENTRY_PREFIX: u8 = b'e';
-/// First byte of LRU records.
-pub(super) const LRU_PREFIX: u8 = b'l';
+/// The checkpoint file's name and its content's first word.
+pub(super) const SYNCED_FILE: &str = "synced";
+const SYNCED_MAGIC: &str = "tessera-cache-synced";
+
+/// The checkpoint file's content for time `at`.
+pub(super) fn encode_synced(at: std::time::SystemTime) -> String {
+    let ns = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{SYNCED_MAGIC} {ns}\n")
+}
+
+/// The time a checkpoint file names; `None` for anything else (a torn or foreign file
+/// trusts nothing).
+pub(super) fn decode_synced(text: &str) -> Option<std::time::SystemTime> {
+    let ns: u64 = text
+        .strip_prefix(SYNCED_MAGIC)?
+        .strip_prefix(' ')?
+        .strip_suffix('\n')?
+        .parse()
+        .ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
+}
+
 /// Temp files start with this; chunk file names (hex) never do.
 pub(super) const TMP_PREFIX: &str = ".tmp-";
 
@@ -35,7 +60,7 @@ pub(super) const TMP_PREFIX: &str = ".tmp-";
 pub(super) struct Entry {
     /// Length of the chunk file, checked at open and on every read.
     pub size: u64,
-    /// When the chunk was last put or read; its LRU record is keyed by it.
+    /// When the chunk was last put or read (a counter, not a clock).
     pub seq: u64,
 }
 
@@ -68,28 +93,6 @@ pub(super) fn entry_key(key: &ChunkKey) -> [u8; 34] {
 pub(super) fn decode_entry_key(bytes: &[u8]) -> Option<ChunkKey> {
     match bytes.split_first()? {
         (&ENTRY_PREFIX, rest) => decode_chunk_key(rest),
-        _ => None,
-    }
-}
-
-pub(super) fn lru_key(seq: u64, key: &ChunkKey) -> [u8; 42] {
-    let mut out = [0; 42];
-    out[0] = LRU_PREFIX;
-    out[1..9].copy_from_slice(&seq.to_be_bytes());
-    out[9] = key.algo.to_byte();
-    out[10..].copy_from_slice(&key.digest);
-    out
-}
-
-pub(super) fn decode_lru_key(bytes: &[u8]) -> Option<(u64, ChunkKey)> {
-    match bytes.split_first()? {
-        (&LRU_PREFIX, rest) if rest.len() == 41 => {
-            let (seq, key) = rest.split_at(8);
-            Some((
-                u64::from_be_bytes(seq.try_into().ok()?),
-                decode_chunk_key(key)?,
-            ))
-        }
         _ => None,
     }
 }

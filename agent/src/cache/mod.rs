@@ -2,30 +2,37 @@
 //! and shared by every image, so a chunk common to many images is stored once and a
 //! restarted agent serves what it had without touching the network.
 //!
-//! Each chunk is a file (`data/<algo>/<xx>/<hex>`); a sled database (`index/`) holds an
-//! entry record per chunk (size, last use) and an LRU record per chunk, keyed by its
-//! last-use sequence number so that sled's key order is the eviction order. The layout
-//! is specified in `layout.rs`. The invariants:
+//! Each chunk is a file (`data/<algo>/<xx>/<hex>`), so a read of part of a chunk reads
+//! just those bytes. The index — each chunk's size, its place in the use (LRU) order and
+//! whether its bytes are trusted — lives in memory; a sled database (`index/`) keeps
+//! each chunk's size and last use across restarts, written at every put and removal
+//! and, for uses, in batches. The layout is specified in `layout.rs`. The invariants:
 //!
 //! - **A file is complete before anything points at it.** `put` writes a temp file in
 //!   the chunk's own directory and renames it into place, then indexes it. A crash
-//!   leaves at most a temp file or an unindexed file, both removed at open. Nothing is
-//!   fsynced: a file torn by a power cut is caught by the next invariant.
-//! - **Nothing unverified is served.** `get` checks the file's size and digest before
-//!   returning it; a mismatch or an unreadable file drops the entry and is a miss.
+//!   leaves at most a temp file or an unindexed file: temp files are removed at open,
+//!   unindexed chunk files are indexed again.
+//! - **Verified once, on the way in** (the trust model, shared/MISSION.md): bytes are
+//!   verified before they are put and then trusted like the page cache, so a hit reads
+//!   only the bytes asked for and hashes nothing. Trust needs the bytes to have reached
+//!   the disk: nothing is fsynced per chunk, instead [`ChunkCache::checkpoint`] (the
+//!   daemon calls it every few seconds of activity and at shutdown) syncs the
+//!   filesystem and records when (`synced`). At open, a chunk file modified before the
+//!   last checkpoint is trusted; a later one (a crash or power cut may have torn it) is
+//!   verified in full the first time it is read, and dropped if it fails. A size that
+//!   no longer matches is caught on every read. [`ChunkCache::verify`] re-checks a
+//!   chunk on demand (the background scrub and `tessera cache verify`).
 //! - **The index is checked at open and rebuilt from the files.** Entries whose file is
 //!   missing or has the wrong size are dropped; temp files and files not named like a
-//!   chunk are removed; chunk files without an entry (records lost to sled's periodic
-//!   flush, or a whole index lost) are indexed again, oldest first; the byte total is
-//!   recounted. An index that does not open is rebuilt this way, never a reason not
-//!   to start.
-//! - **Entry and LRU records change together.** Every change is one atomic sled batch,
-//!   made under the key's stripe lock together with the file change, so concurrent
-//!   `put`, `get`, eviction and removal of one key are serialised (reads of the file are
-//!   not locked: a rename or unlink never disturbs an open reader).
+//!   chunk are removed; chunk files without an entry (records lost in a crash, or a
+//!   whole index lost) are indexed again, oldest first; the byte total is recounted. An
+//!   index that does not open is rebuilt this way, never a reason not to start.
+//! - **One key's changes are serialised.** A put, eviction or removal changes the file,
+//!   the sled record and the memory index under the key's stripe lock (reads of the
+//!   file are not locked: a rename or unlink never disturbs an open reader).
 //! - **LRU by sequence, not clock.** Each put or hit takes the next value of a counter
 //!   (restored at open from the largest stored one), so order survives restarts and
-//!   clock jumps, and a hit costs one batch rather than a scan.
+//!   clock jumps; a hit changes memory only.
 //! - **Capacity is kept after every put** by evicting from the front of the LRU order,
 //!   skipping pinned chunks; a full disk evicts a little and tries the write again.
 //! - **A full disk degrades, it does not stop.** When the disk (shared with other
@@ -49,10 +56,12 @@ pub mod pieces;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs;
 use std::io::{self, ErrorKind, Read, Write};
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -64,9 +73,7 @@ use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
 
 use crate::{Error, Result};
-use layout::{
-    chunk_path, entry_key, lru_key, shard_dir, Entry, ENTRY_PREFIX, LRU_PREFIX, TMP_PREFIX,
-};
+use layout::{chunk_path, entry_key, shard_dir, Entry, ENTRY_PREFIX, SYNCED_FILE, TMP_PREFIX};
 
 /// A chunk's identity: the digest of its uncompressed bytes and the algorithm that made
 /// it (images choose the algorithm, so it is part of the key).
@@ -99,6 +106,13 @@ pub struct CacheStats {
     /// Bytes written to the cache since open: each chunk stored, once.
     #[serde(default)]
     pub stored_bytes: u64,
+    /// Chunks written after the last checkpoint before this start (a crash may have
+    /// torn them) and not yet verified: each is verified when first read.
+    #[serde(default)]
+    pub unverified: u64,
+    /// Bytes [`ChunkCache::verify`] re-checked since open (scrub and `cache verify`).
+    #[serde(default)]
+    pub verified_bytes: u64,
 }
 
 /// Why chunks left the cache, for the hook set with [`ChunkCache::on_drop`].
@@ -116,6 +130,17 @@ pub enum DropCause {
 /// Told which chunks left the cache and why (see [`ChunkCache::on_drop`]).
 pub type DropHook = Box<dyn Fn(&[ChunkKey], DropCause) + Send + Sync>;
 
+/// What [`ChunkCache::verify`] found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Verified {
+    /// The file matches its digest; this many bytes were read.
+    Good(u64),
+    /// It did not (or could not be read) and was dropped.
+    Dropped,
+    /// Not cached (evicted or removed meanwhile).
+    Absent,
+}
+
 /// Memory sled may use for its page cache (its default is 1 GiB).
 const INDEX_MEMORY: u64 = 64 << 20;
 /// Stripes of per-key locks: enough that reader threads rarely share one.
@@ -126,22 +151,87 @@ const FULL_RETRIES: u32 = 2;
 const INDEX_ROOM: u64 = 16 << 20;
 /// At most one warning this often while the disk stays full.
 const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
+/// Uses are written to the index on disk when this many wait, or this long after the
+/// last write (whichever comes first), and at every checkpoint.
+const USES_BATCH: usize = 4096;
+const USES_EVERY: Duration = Duration::from_secs(5);
+/// A file modified this close to the last checkpoint is not trusted by it: file times
+/// come from a coarse clock that may lag the checkpoint's.
+const CHECKPOINT_SLACK: Duration = Duration::from_secs(1);
+/// Keys an eviction scan takes from the LRU order at a time.
+const EVICT_BATCH: usize = 64;
 
 /// Pin counts of the keys of one stripe; the stripe's mutex also serialises every change
 /// to those keys' files and index records.
 type Pins = HashMap<ChunkKey, u32>;
 
+/// What the cache knows about a stored chunk.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Slot {
+    size: u64,
+    /// Its place in the use order.
+    seq: u64,
+    /// Its bytes are known to be those verified when it was put (see the module
+    /// docs); an untrusted chunk is verified in full when next read.
+    trusted: bool,
+}
+
+/// The index in memory: every cached chunk and the use order.
+#[derive(Default)]
+struct Index {
+    slots: HashMap<ChunkKey, Slot>,
+    /// seq → key, least recently used first.
+    order: BTreeMap<u64, ChunkKey>,
+    /// Keys whose use is not yet written to sled.
+    used: HashSet<ChunkKey>,
+    /// When uses were last written.
+    uses_written: Option<Instant>,
+    /// Untrusted slots.
+    untrusted: u64,
+}
+
+impl Index {
+    fn insert(&mut self, key: ChunkKey, slot: Slot) {
+        if let Some(old) = self.slots.insert(key, slot) {
+            self.order.remove(&old.seq);
+            self.untrusted -= u64::from(!old.trusted);
+        }
+        self.order.insert(slot.seq, key);
+        self.untrusted += u64::from(!slot.trusted);
+    }
+
+    fn remove(&mut self, key: &ChunkKey) -> Option<Slot> {
+        let slot = self.slots.remove(key)?;
+        self.order.remove(&slot.seq);
+        self.used.remove(key);
+        self.untrusted -= u64::from(!slot.trusted);
+        Some(slot)
+    }
+
+    /// Whether the uses waiting should be written now.
+    fn uses_due(&self) -> bool {
+        self.used.len() >= USES_BATCH
+            || (!self.used.is_empty()
+                && self
+                    .uses_written
+                    .is_none_or(|at| at.elapsed() >= USES_EVERY))
+    }
+}
+
 /// The cache. `Send + Sync`: share it in an `Arc` between all reader threads.
 pub struct ChunkCache {
+    /// The cache's directory.
+    dir: PathBuf,
     /// `<dir>/data`: the chunk files.
     data_dir: PathBuf,
-    /// Entry and LRU records (see `layout.rs`).
+    /// Entry records on disk (see `layout.rs`).
     index: sled::Db,
+    /// The index in memory: what reads, puts and evictions consult.
+    memory: Mutex<Index>,
     capacity: u64,
     /// The next last-use sequence number.
     next_seq: AtomicU64,
-    /// Sum of the indexed chunks' sizes, and their number: kept here because sled
-    /// counts by scanning.
+    /// Sum of the indexed chunks' sizes, and their number.
     bytes: AtomicU64,
     entries: AtomicU64,
     hits: AtomicU64,
@@ -149,9 +239,12 @@ pub struct ChunkCache {
     evictions: AtomicU64,
     verification_failures: AtomicU64,
     stored_bytes: AtomicU64,
+    verified_bytes: AtomicU64,
     stripes: Box<[Mutex<Pins>]>,
     /// One evictor at a time: two would race each other over the same LRU front.
     evicting: Mutex<()>,
+    /// One checkpoint at a time.
+    checkpointing: Mutex<()>,
     /// The last put found the disk full with nothing left to evict.
     disk_full: AtomicBool,
     /// When the full disk was last warned about.
@@ -230,8 +323,10 @@ impl ChunkCache {
         fs::create_dir_all(&data_dir).map_err(|e| Error::io("create", &data_dir, e))?;
         let index = open_index(dir, &data_dir)?;
         let cache = ChunkCache {
+            dir: dir.to_path_buf(),
             data_dir,
             index,
+            memory: Mutex::default(),
             capacity,
             next_seq: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -241,20 +336,24 @@ impl ChunkCache {
             evictions: AtomicU64::new(0),
             verification_failures: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
+            verified_bytes: AtomicU64::new(0),
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             evicting: Mutex::new(()),
+            checkpointing: Mutex::new(()),
             disk_full: AtomicBool::new(false),
             full_warned: Mutex::new(None),
             on_drop: std::sync::OnceLock::new(),
             #[cfg(test)]
             full_writes: Default::default(),
         };
-        let dropped = cache.check_entries()?;
-        let (adopted, strays) = cache.index_unindexed_files()?;
+        let trusted_before = cache.last_checkpoint();
+        let dropped = cache.load_entries(trusted_before)?;
+        let (adopted, strays) = cache.index_unindexed_files(trusted_before)?;
         tracing::info!(
             dir = %dir.display(),
             entries = cache.entries.load(Relaxed),
             bytes = cache.bytes.load(Relaxed),
+            unverified = cache.memory().untrusted,
             dropped,
             adopted,
             strays,
@@ -264,42 +363,111 @@ impl ChunkCache {
         Ok(cache)
     }
 
-    /// The chunk's verified bytes, or `None` if it is not cached or its file no longer
-    /// matches its digest (then it is dropped). `Err` only if the index fails.
+    /// The chunk's whole bytes, or `None` if it is not cached or its file is no longer
+    /// good (then it is dropped). `Err` only if the index fails.
     pub fn get(&self, key: &ChunkKey) -> Result<Option<Vec<u8>>> {
-        let Some(entry) = self.entry(key)? else {
+        let Some(slot) = self.slot(key) else {
             self.misses.fetch_add(1, Relaxed);
             return Ok(None);
         };
-        match self.read_verified(key, entry) {
+        let read = if slot.trusted {
+            self.read_file(key, 0..slot.size)
+        } else {
+            self.read_verified(key, slot)
+        };
+        self.answer(key, slot, read)
+    }
+
+    /// Bytes `range` of the chunk (the caller keeps it within the chunk's size), read
+    /// from its file alone; `None` as for [`get`](Self::get). An untrusted chunk is read
+    /// and verified whole first.
+    pub fn read(&self, key: &ChunkKey, range: Range<u64>) -> Result<Option<Vec<u8>>> {
+        let Some(slot) = self.slot(key) else {
+            self.misses.fetch_add(1, Relaxed);
+            return Ok(None);
+        };
+        if range.end > slot.size || range.start > range.end {
+            return Err(Error::Cache {
+                reason: format!(
+                    "bytes {}..{} asked of chunk {key}, which has {}",
+                    range.start, range.end, slot.size
+                ),
+            });
+        }
+        let read = if slot.trusted {
+            self.read_file(key, range)
+        } else {
+            self.read_verified(key, slot)
+                .map(|whole| whole[range.start as usize..range.end as usize].to_vec())
+        };
+        self.answer(key, slot, read)
+    }
+
+    /// A read's answer: the bytes (recording the use), or a miss that drops the entry
+    /// whose file failed.
+    fn answer(
+        &self,
+        key: &ChunkKey,
+        slot: Slot,
+        read: Result<Vec<u8>, Unusable>,
+    ) -> Result<Option<Vec<u8>>> {
+        match read {
             Ok(data) => {
-                // The bytes are good whatever happens to the LRU order.
-                if let Err(e) = self.touch(key) {
-                    tracing::warn!(chunk = %key, error = %e, "could not record a cache hit");
-                }
+                self.touch(key);
                 self.hits.fetch_add(1, Relaxed);
                 Ok(Some(data))
             }
             Err(why) => {
-                // If the entry changed meanwhile, an eviction or a new put got there
-                // first and this file is no longer the cache's business.
-                if self.remove_if_current(key, entry)? {
-                    if !matches!(why, Unusable::Unreadable(_)) {
-                        self.verification_failures.fetch_add(1, Relaxed);
-                    }
-                    let path = chunk_path(&self.data_dir, key);
-                    tracing::warn!(chunk = %key, path = %path.display(), "dropped a cached chunk: {why}");
-                    self.tell_dropped(&[*key], DropCause::Corrupt);
-                }
+                self.drop_unusable(key, slot, &why)?;
                 self.misses.fetch_add(1, Relaxed);
                 Ok(None)
             }
         }
     }
 
-    /// Whether the chunk is indexed (its bytes are verified only by [`get`](Self::get)).
+    /// Drops `key`, whose file failed as `why`, unless its entry changed meanwhile (an
+    /// eviction or a new put got there first: that file is no longer the cache's
+    /// business). `true` if it dropped it.
+    fn drop_unusable(&self, key: &ChunkKey, slot: Slot, why: &Unusable) -> Result<bool> {
+        if !self.remove_if_current(key, slot)? {
+            return Ok(false);
+        }
+        if !matches!(why, Unusable::Unreadable(_)) {
+            self.verification_failures.fetch_add(1, Relaxed);
+        }
+        let path = chunk_path(&self.data_dir, key);
+        tracing::warn!(chunk = %key, path = %path.display(), "dropped a cached chunk: {why}");
+        self.tell_dropped(&[*key], DropCause::Corrupt);
+        Ok(true)
+    }
+
+    /// Reads the chunk's file whole and checks it against its digest, whatever its
+    /// trust (the background scrub and `tessera cache verify`); drops it if it fails.
+    pub fn verify(&self, key: &ChunkKey) -> Result<Verified> {
+        let Some(slot) = self.slot(key) else {
+            return Ok(Verified::Absent);
+        };
+        match self.read_verified(key, slot) {
+            Ok(data) => {
+                self.verified_bytes.fetch_add(data.len() as u64, Relaxed);
+                Ok(Verified::Good(data.len() as u64))
+            }
+            Err(why) => Ok(if self.drop_unusable(key, slot, &why)? {
+                Verified::Dropped
+            } else {
+                Verified::Absent
+            }),
+        }
+    }
+
+    /// Every cached chunk's key, least recently used first (what a scrub walks).
+    pub fn keys(&self) -> Vec<ChunkKey> {
+        self.memory().order.values().copied().collect()
+    }
+
+    /// Whether the chunk is cached.
     pub fn contains(&self, key: &ChunkKey) -> bool {
-        self.index.contains_key(entry_key(key)).unwrap_or(false)
+        self.memory().slots.contains_key(key)
     }
 
     /// Stores a chunk the caller has verified against `key`. Storing a chunk already
@@ -308,7 +476,7 @@ impl ChunkCache {
     pub fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()> {
         debug_assert_eq!(key.algo.digest(data), key.digest, "unverified chunk put");
         let size = data.len() as u64;
-        if size > self.capacity || self.touch(key)? {
+        if size > self.capacity || self.touch(key) {
             return Ok(());
         }
         let tmp = match self.write_temp(key, data) {
@@ -317,24 +485,27 @@ impl ChunkCache {
         };
         {
             let _stripe = self.stripe(key);
-            if self.entry(key)?.is_some() {
+            if self.slot(key).is_some() {
                 // A concurrent put of the same bytes won; `tmp` is deleted on drop.
                 return Ok(());
             }
             let path = chunk_path(&self.data_dir, key);
             tmp.persist(&path)
                 .map_err(|e| Error::io("rename into", &path, e.error))?;
-            let entry = Entry {
+            let slot = Slot {
                 size,
                 seq: self.next_seq.fetch_add(1, Relaxed),
+                trusted: true,
             };
-            let mut batch = sled::Batch::default();
-            batch.insert(&entry_key(key)[..], &entry.encode()[..]);
-            batch.insert(&lru_key(entry.seq, key)[..], &[][..]);
-            if let Err(e) = self.index.apply_batch(batch) {
+            let entry = Entry {
+                size,
+                seq: slot.seq,
+            };
+            if let Err(e) = self.index.insert(entry_key(key), &entry.encode()[..]) {
                 let _ = fs::remove_file(&path);
                 return Err(index_error("index a chunk")(e));
             }
+            self.memory().insert(*key, slot);
             self.bytes.fetch_add(size, Relaxed);
             self.entries.fetch_add(1, Relaxed);
             self.stored_bytes.fetch_add(size, Relaxed);
@@ -373,8 +544,8 @@ impl ChunkCache {
     /// Drops a chunk (the registry mirror drops the pieces of a blob that failed its
     /// digest); `true` if it was cached.
     pub fn remove(&self, key: &ChunkKey) -> Result<bool> {
-        let removed = match self.entry(key)? {
-            Some(entry) => self.remove_if_current(key, entry)?,
+        let removed = match self.slot(key) {
+            Some(slot) => self.remove_if_current(key, slot)?,
             None => false,
         };
         if removed {
@@ -415,7 +586,47 @@ impl ChunkCache {
             verification_failures: self.verification_failures.load(Relaxed),
             degraded: self.disk_full.load(Relaxed),
             stored_bytes: self.stored_bytes.load(Relaxed),
+            unverified: self.memory().untrusted,
+            verified_bytes: self.verified_bytes.load(Relaxed),
         }
+    }
+
+    /// Makes what the cache holds durable and trusted across a crash: writes the uses
+    /// waiting, flushes the index, syncs the filesystem and records the time it started
+    /// (`synced`), so every chunk file written before it is trusted at the next open.
+    pub fn checkpoint(&self) -> Result<()> {
+        let _one = self
+            .checkpointing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let started = SystemTime::now();
+        self.write_uses()?;
+        self.flush()?;
+        let data =
+            fs::File::open(&self.data_dir).map_err(|e| Error::io("open", &self.data_dir, e))?;
+        rustix::fs::syncfs(&data)
+            .map_err(|e| Error::io("sync the filesystem of", &self.data_dir, e.into()))?;
+        let path = self.dir.join(SYNCED_FILE);
+        let write = || -> io::Result<()> {
+            let mut tmp = tempfile::Builder::new()
+                .prefix(TMP_PREFIX)
+                .tempfile_in(&self.dir)?;
+            tmp.write_all(layout::encode_synced(started).as_bytes())?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(&path)?;
+            fs::File::open(&self.dir)?.sync_all()
+        };
+        write().map_err(|e| Error::io("write", &path, e))
+    }
+
+    /// When the last checkpoint started, less the slack for coarse file times; the
+    /// epoch (nothing trusted) without one.
+    fn last_checkpoint(&self) -> SystemTime {
+        fs::read_to_string(self.dir.join(SYNCED_FILE))
+            .ok()
+            .and_then(|text| layout::decode_synced(&text))
+            .and_then(|at| at.checked_sub(CHECKPOINT_SLACK))
+            .unwrap_or(SystemTime::UNIX_EPOCH)
     }
 
     /// Writes the index to disk now (sled also does every half second and on drop).
@@ -433,48 +644,105 @@ impl ChunkCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn entry(&self, key: &ChunkKey) -> Result<Option<Entry>> {
-        let value = self
-            .index
-            .get(entry_key(key))
-            .map_err(index_error("read the index"))?;
-        Ok(value.and_then(|v| Entry::decode(&v)))
+    fn memory(&self) -> MutexGuard<'_, Index> {
+        self.memory.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes `key` the most recently used; false if it is not cached.
-    fn touch(&self, key: &ChunkKey) -> Result<bool> {
-        let _stripe = self.stripe(key);
-        let Some(old) = self.entry(key)? else {
-            return Ok(false);
+    fn slot(&self, key: &ChunkKey) -> Option<Slot> {
+        self.memory().slots.get(key).copied()
+    }
+
+    /// Makes `key` the most recently used (in memory; written to the index in
+    /// batches); false if it is not cached.
+    fn touch(&self, key: &ChunkKey) -> bool {
+        let due = {
+            let mut memory = self.memory();
+            let Some(&old) = memory.slots.get(key) else {
+                return false;
+            };
+            let new = Slot {
+                seq: self.next_seq.fetch_add(1, Relaxed),
+                ..old
+            };
+            memory.insert(*key, new);
+            memory.used.insert(*key);
+            memory.uses_due()
         };
-        let new = Entry {
-            seq: self.next_seq.fetch_add(1, Relaxed),
-            ..old
-        };
+        if due {
+            if let Err(e) = self.write_uses() {
+                tracing::warn!(error = %e, "could not record cache uses");
+            }
+        }
+        true
+    }
+
+    /// Writes the uses waiting in memory to the index, in one batch.
+    fn write_uses(&self) -> Result<()> {
         let mut batch = sled::Batch::default();
-        batch.insert(&entry_key(key)[..], &new.encode()[..]);
-        batch.remove(&lru_key(old.seq, key)[..]);
-        batch.insert(&lru_key(new.seq, key)[..], &[][..]);
+        {
+            let mut memory = self.memory();
+            let used: Vec<ChunkKey> = memory.used.drain().collect();
+            for key in used {
+                if let Some(slot) = memory.slots.get(&key) {
+                    let entry = Entry {
+                        size: slot.size,
+                        seq: slot.seq,
+                    };
+                    batch.insert(&entry_key(&key)[..], &entry.encode()[..]);
+                }
+            }
+            memory.uses_written = Some(Instant::now());
+        }
+        // A key removed since is written back here and dropped again at the next
+        // open (its file is gone): harmless, and rare.
         self.index
             .apply_batch(batch)
-            .map_err(index_error("record a use"))?;
-        Ok(true)
+            .map_err(index_error("record cache uses"))
     }
 
-    /// Reads a chunk file and checks it against its entry and digest. The read is bounded
-    /// by the entry's size, so a grown file cannot make it allocate more.
-    fn read_verified(&self, key: &ChunkKey, entry: Entry) -> Result<Vec<u8>, Unusable> {
+    /// Marks `key` trusted if it is still the chunk `slot` was read for (verified just
+    /// now).
+    fn trust(&self, key: &ChunkKey, slot: Slot) {
+        let mut memory = self.memory();
+        let Some(current) = memory.slots.get_mut(key) else {
+            return;
+        };
+        if !current.trusted && current.size == slot.size {
+            current.trusted = true;
+            memory.untrusted -= 1;
+        }
+    }
+
+    /// Bytes `range` of a trusted chunk's file.
+    fn read_file(&self, key: &ChunkKey, range: Range<u64>) -> Result<Vec<u8>, Unusable> {
         let file = fs::File::open(chunk_path(&self.data_dir, key)).map_err(Unusable::Unreadable)?;
-        let mut data = Vec::with_capacity(entry.size as usize);
-        file.take(entry.size + 1)
+        let mut data = vec![0; (range.end - range.start) as usize];
+        file.read_exact_at(&mut data, range.start)
+            .map_err(|e| match e.kind() {
+                ErrorKind::UnexpectedEof => {
+                    Unusable::WrongSize(file.metadata().map_or(0, |m| m.len()))
+                }
+                _ => Unusable::Unreadable(e),
+            })?;
+        Ok(data)
+    }
+
+    /// Reads a chunk file whole and checks it against its entry and digest, trusting it
+    /// from then on. The read is bounded by the entry's size, so a grown file cannot
+    /// make it allocate more.
+    fn read_verified(&self, key: &ChunkKey, slot: Slot) -> Result<Vec<u8>, Unusable> {
+        let file = fs::File::open(chunk_path(&self.data_dir, key)).map_err(Unusable::Unreadable)?;
+        let mut data = Vec::with_capacity(slot.size as usize);
+        file.take(slot.size + 1)
             .read_to_end(&mut data)
             .map_err(Unusable::Unreadable)?;
-        if data.len() as u64 != entry.size {
+        if data.len() as u64 != slot.size {
             return Err(Unusable::WrongSize(data.len() as u64));
         }
         if key.algo.digest(&data) != key.digest {
             return Err(Unusable::WrongDigest);
         }
+        self.trust(key, slot);
         Ok(data)
     }
 
@@ -519,27 +787,28 @@ impl ChunkCache {
         Ok(tmp)
     }
 
-    /// Drops `key` if its entry is still `expected`; true if it did.
-    fn remove_if_current(&self, key: &ChunkKey, expected: Entry) -> Result<bool> {
+    /// Drops `key` if its slot is still `expected` (its use order aside); true if it
+    /// did.
+    fn remove_if_current(&self, key: &ChunkKey, expected: Slot) -> Result<bool> {
         let _stripe = self.stripe(key);
-        if self.entry(key)? != Some(expected) {
-            return Ok(false);
+        match self.slot(key) {
+            Some(slot) if slot.size == expected.size => {
+                self.remove_locked(key, slot)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
-        self.remove_locked(key, expected)?;
-        Ok(true)
     }
 
-    /// Drops `key`, whose current entry is `entry`; the caller holds its stripe. The
+    /// Drops `key`, whose current slot is `slot`; the caller holds its stripe. The
     /// index goes first: a crash before the unlink leaves a stray file, never an entry
     /// without one.
-    fn remove_locked(&self, key: &ChunkKey, entry: Entry) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        batch.remove(&entry_key(key)[..]);
-        batch.remove(&lru_key(entry.seq, key)[..]);
+    fn remove_locked(&self, key: &ChunkKey, slot: Slot) -> Result<()> {
         self.index
-            .apply_batch(batch)
+            .remove(entry_key(key))
             .map_err(index_error("remove a chunk"))?;
-        self.bytes.fetch_sub(entry.size, Relaxed);
+        self.memory().remove(key);
+        self.bytes.fetch_sub(slot.size, Relaxed);
         self.entries.fetch_sub(1, Relaxed);
         let path = chunk_path(&self.data_dir, key);
         match fs::remove_file(&path) {
@@ -570,85 +839,87 @@ impl ChunkCache {
         done
     }
 
-    /// [`evict_to`](Self::evict_to)'s scan; the caller holds `evicting`. The keys it
-    /// evicted go to `evicted`.
+    /// [`evict_to`](Self::evict_to)'s scan of the use order; the caller holds
+    /// `evicting`. The keys it evicted go to `evicted`.
     fn evict_locked(&self, target: u64, evicted: &mut Vec<ChunkKey>) -> Result<()> {
-        for record in self.index.scan_prefix([LRU_PREFIX]) {
-            if self.bytes.load(Relaxed) <= target {
+        let mut from = 0;
+        while self.bytes.load(Relaxed) > target {
+            let front: Vec<(u64, ChunkKey)> = self
+                .memory()
+                .order
+                .range(from..)
+                .take(EVICT_BATCH)
+                .map(|(seq, key)| (*seq, *key))
+                .collect();
+            if front.is_empty() {
                 break;
             }
-            let (lru, _) = record.map_err(index_error("read the LRU order"))?;
-            let Some((seq, key)) = layout::decode_lru_key(&lru) else {
-                self.index
-                    .remove(lru)
-                    .map_err(index_error("remove a bad LRU record"))?;
-                continue;
-            };
-            let stripe = self.stripe(&key);
-            if stripe.contains_key(&key) {
-                continue;
-            }
-            match self.entry(&key)? {
-                Some(entry) if entry.seq == seq => {
-                    self.remove_locked(&key, entry)?;
+            for (seq, key) in front {
+                from = seq + 1;
+                if self.bytes.load(Relaxed) <= target {
+                    break;
+                }
+                let stripe = self.stripe(&key);
+                if stripe.contains_key(&key) {
+                    continue;
+                }
+                // A key used since the scan took it has a later place: not evicted now.
+                if let Some(slot) = self.slot(&key).filter(|slot| slot.seq == seq) {
+                    self.remove_locked(&key, slot)?;
                     self.evictions.fetch_add(1, Relaxed);
                     evicted.push(key);
-                }
-                // Not the key's current record: the iterator saw it before a use or a
-                // removal replaced it (or sled once lost half a batch). Removing it
-                // again is harmless; a used key's new record comes later in the scan.
-                _ => {
-                    self.index
-                        .remove(lru)
-                        .map_err(index_error("remove a stale LRU record"))?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Drops entries whose file is missing or has the wrong size, and undecodable
-    /// records; counts the rest and restores the sequence counter. Returns the number
-    /// dropped.
-    fn check_entries(&self) -> Result<u64> {
+    /// Loads the entries into memory, dropping those whose file is missing or has the
+    /// wrong size, and undecodable records; restores the sequence counter. A chunk whose
+    /// file was modified before `trusted_before` is trusted. Returns the number dropped.
+    fn load_entries(&self, trusted_before: SystemTime) -> Result<u64> {
         let mut dropped = 0;
         let mut max_seq = None;
+        let mut memory = self.memory();
         for record in self.index.scan_prefix([ENTRY_PREFIX]) {
             let (record_key, value) = record.map_err(index_error("read the index"))?;
             let decoded = layout::decode_entry_key(&record_key).zip(Entry::decode(&value));
-            let mut batch = sled::Batch::default();
-            batch.remove(record_key);
             if let Some((key, entry)) = decoded {
                 let path = chunk_path(&self.data_dir, &key);
-                if fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == entry.size) {
-                    self.bytes.fetch_add(entry.size, Relaxed);
-                    self.entries.fetch_add(1, Relaxed);
-                    max_seq = max_seq.max(Some(entry.seq));
-                    continue;
+                match fs::metadata(&path) {
+                    // Two entries cannot share a seq but a damaged index could say so:
+                    // the second is indexed again as an unindexed file.
+                    Ok(meta)
+                        if meta.is_file()
+                            && meta.len() == entry.size
+                            && !memory.order.contains_key(&entry.seq) =>
+                    {
+                        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                        let slot = Slot {
+                            size: entry.size,
+                            seq: entry.seq,
+                            trusted: modified < trusted_before,
+                        };
+                        memory.insert(key, slot);
+                        self.bytes.fetch_add(entry.size, Relaxed);
+                        self.entries.fetch_add(1, Relaxed);
+                        max_seq = max_seq.max(Some(entry.seq));
+                        continue;
+                    }
+                    Ok(meta) if meta.is_file() && meta.len() == entry.size => {}
+                    _ => {
+                        tracing::warn!(chunk = %key, path = %path.display(), "dropping a cache entry whose file is missing or cut short");
+                        // Not to be indexed again as it is.
+                        let _ = fs::remove_file(&path);
+                    }
                 }
-                tracing::warn!(chunk = %key, path = %path.display(), "dropping a cache entry whose file is missing or cut short");
-                batch.remove(&lru_key(entry.seq, &key)[..]);
-                // Not to be indexed again as it is.
-                let _ = fs::remove_file(&path);
             }
             self.index
-                .apply_batch(batch)
+                .remove(record_key)
                 .map_err(index_error("drop a bad entry"))?;
             dropped += 1;
         }
-        // LRU records left without an entry (only if sled lost atomicity) may hold the
-        // largest sequence number; a new record must not collide with them.
-        let last_lru = self
-            .index
-            .scan_prefix([LRU_PREFIX])
-            .keys()
-            .next_back()
-            .transpose()
-            .map_err(index_error("read the LRU order"))?
-            .and_then(|k| layout::decode_lru_key(&k))
-            .map(|(seq, _)| seq);
-        let next = max_seq.max(last_lru).map_or(0, |s| s + 1);
-        self.next_seq.store(next, Relaxed);
+        self.next_seq.store(max_seq.map_or(0, |s| s + 1), Relaxed);
         Ok(dropped)
     }
 
@@ -656,7 +927,7 @@ impl ChunkCache {
     /// index was), oldest first so the LRU order roughly survives; removes temp files
     /// and files not named like a chunk. Returns how many files it indexed and removed.
     /// Directories it did not make are left alone.
-    fn index_unindexed_files(&self) -> Result<(u64, u64)> {
+    fn index_unindexed_files(&self, trusted_before: SystemTime) -> Result<(u64, u64)> {
         let mut removed = 0;
         let mut unindexed = Vec::new();
         for (algo_dir, _) in list(&self.data_dir)?.into_iter().filter(|(_, dir)| *dir) {
@@ -678,11 +949,7 @@ impl ChunkCache {
                         removed += 1;
                         continue;
                     };
-                    let indexed = self
-                        .index
-                        .contains_key(entry_key(&key))
-                        .map_err(index_error("read the index"))?;
-                    if !indexed {
+                    if !self.contains(&key) {
                         let meta = fs::metadata(&path).map_err(|e| Error::io("stat", &path, e))?;
                         let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
                         unindexed.push((modified, key, meta.len()));
@@ -691,25 +958,41 @@ impl ChunkCache {
             }
         }
         // A file is renamed into place only once written whole, so these are chunks
-        // that were verified when stored (short of a power cut, as nothing is fsynced);
-        // `get` checks each again before serving it.
+        // that were verified when stored; those the last checkpoint did not cover are
+        // verified again when first read.
         unindexed.sort_by_key(|(modified, _, _)| *modified);
         let adopted = unindexed.len() as u64;
-        for (_, key, size) in unindexed {
-            let entry = Entry {
+        let mut batch = sled::Batch::default();
+        let mut memory = self.memory();
+        for (modified, key, size) in unindexed {
+            let slot = Slot {
                 size,
                 seq: self.next_seq.fetch_add(1, Relaxed),
+                trusted: modified < trusted_before,
             };
-            let mut batch = sled::Batch::default();
+            let entry = Entry {
+                size,
+                seq: slot.seq,
+            };
             batch.insert(&entry_key(&key)[..], &entry.encode()[..]);
-            batch.insert(&lru_key(entry.seq, &key)[..], &[][..]);
-            self.index
-                .apply_batch(batch)
-                .map_err(index_error("index a chunk file"))?;
+            memory.insert(key, slot);
             self.bytes.fetch_add(size, Relaxed);
             self.entries.fetch_add(1, Relaxed);
         }
+        drop(memory);
+        self.index
+            .apply_batch(batch)
+            .map_err(index_error("index the chunk files"))?;
         Ok((adopted, removed))
+    }
+}
+
+impl Drop for ChunkCache {
+    /// Writes the uses still in memory (sled flushes itself when dropped).
+    fn drop(&mut self) {
+        if let Err(e) = self.write_uses() {
+            tracing::warn!(error = %e, "could not record cache uses");
+        }
     }
 }
 

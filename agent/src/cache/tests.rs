@@ -1,6 +1,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Barrier};
 
+use std::os::unix::fs::FileExt;
+
 use super::*;
 
 const SIZE: usize = 4096;
@@ -39,22 +41,31 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Index, counters and files agree: every entry has one LRU record and a file of its
-/// size, the counters match the entries, no other file exists.
+/// Index, counters and files agree: the memory index and sled hold the same chunks,
+/// each with one place in the use order and a file of its size; the counters match;
+/// no other file exists.
 fn assert_consistent(cache: &ChunkCache) {
+    cache.write_uses().unwrap();
     let mut bytes = 0;
     let mut paths = Vec::new();
+    let memory = cache.memory();
     for record in cache.index.scan_prefix([ENTRY_PREFIX]) {
         let (k, v) = record.unwrap();
         let key = layout::decode_entry_key(&k).unwrap();
         let entry = Entry::decode(&v).unwrap();
-        assert!(cache.index.contains_key(lru_key(entry.seq, &key)).unwrap());
+        let slot = memory.slots[&key];
+        assert_eq!((slot.size, slot.seq), (entry.size, entry.seq), "{key}");
+        assert_eq!(memory.order.get(&slot.seq), Some(&key));
         let path = chunk_path(&cache.data_dir, &key);
         assert_eq!(fs::metadata(&path).unwrap().len(), entry.size);
         bytes += entry.size;
         paths.push(path);
     }
-    assert_eq!(cache.index.scan_prefix([LRU_PREFIX]).count(), paths.len());
+    assert_eq!(memory.slots.len(), paths.len());
+    assert_eq!(memory.order.len(), paths.len());
+    let untrusted = memory.slots.values().filter(|s| !s.trusted).count() as u64;
+    assert_eq!(memory.untrusted, untrusted);
+    drop(memory);
     let stats = cache.stats();
     assert_eq!((stats.entries, stats.bytes), (paths.len() as u64, bytes));
     let mut files = files_under(&cache.data_dir);
@@ -100,29 +111,125 @@ fn identical_chunk_is_stored_once() {
 }
 
 #[test]
-fn get_drops_a_corrupted_file_instead_of_serving_it() {
+fn a_read_of_part_of_a_chunk_reads_only_those_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
-    let (key, data) = chunk(3, SIZE, DigestAlgo::Sha256);
+    let (key, data) = chunk(3, 4 * SIZE, DigestAlgo::Sha256);
     cache.put(&key, &data).unwrap();
-    let mut bad = data.clone();
-    bad[100] ^= 1;
-    fs::write(chunk_path(&cache.data_dir, &key), &bad).unwrap();
-
-    assert_eq!(cache.get(&key).unwrap(), None);
+    // The rest of the file is damaged (same size): a trusted chunk is not re-hashed,
+    // so a read of the good part is answered from the file alone.
+    let path = chunk_path(&cache.data_dir, &key);
+    let mut damaged = data.clone();
+    damaged[3 * SIZE..].fill(0);
+    fs::write(&path, &damaged).unwrap();
+    let part = SIZE as u64..2 * SIZE as u64 + 7;
+    assert_eq!(
+        cache.read(&key, part.clone()).unwrap().as_deref(),
+        Some(&data[SIZE..2 * SIZE + 7])
+    );
+    assert!(
+        cache.read(&key, 0..5 * SIZE as u64).is_err(),
+        "past the chunk's end"
+    );
+    // A file cut short is caught by the read that reaches past its end.
+    fs::write(&path, &data[..2 * SIZE]).unwrap();
+    assert_eq!(
+        cache.read(&key, 0..SIZE as u64).unwrap().as_deref(),
+        Some(&data[..SIZE])
+    );
+    assert_eq!(cache.read(&key, 0..3 * SIZE as u64).unwrap(), None);
     assert!(!cache.contains(&key));
-    let stats = cache.stats();
-    assert_eq!((stats.verification_failures, stats.misses), (1, 1));
-    assert_eq!((stats.entries, stats.bytes), (0, 0));
+    assert_eq!(cache.stats().verification_failures, 1);
     assert_consistent(&cache);
-    // And it can be cached again.
-    cache.put(&key, &data).unwrap();
-    assert_eq!(cache.get(&key).unwrap(), Some(data));
 }
 
-/// The drop hook hears of every chunk that leaves the cache, and why: a corrupt file
-/// found by a read, evictions (in one batch per eviction), removals; not of a
-/// removal of a chunk that was not there.
+#[test]
+fn verify_drops_a_corrupted_file_instead_of_keeping_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    let all = chunks(2);
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    let (key, data) = &all[0];
+    let mut bad = data.clone();
+    bad[100] ^= 1;
+    fs::write(chunk_path(&cache.data_dir, key), &bad).unwrap();
+
+    assert_eq!(cache.verify(key).unwrap(), Verified::Dropped);
+    assert_eq!(
+        cache.verify(&all[1].0).unwrap(),
+        Verified::Good(SIZE as u64)
+    );
+    assert_eq!(cache.verify(key).unwrap(), Verified::Absent);
+    assert!(!cache.contains(key));
+    assert_eq!(cache.get(key).unwrap(), None);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.verification_failures, stats.verified_bytes),
+        (1, SIZE as u64)
+    );
+    assert_eq!((stats.entries, stats.bytes), (1, SIZE as u64));
+    assert_consistent(&cache);
+    // And it can be cached again.
+    cache.put(key, data).unwrap();
+    assert_eq!(cache.get(key).unwrap().as_ref(), Some(data));
+}
+
+#[test]
+fn chunks_written_after_the_last_checkpoint_are_verified_before_they_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = chunks(4);
+    {
+        let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+        cache.put(&all[0].0, &all[0].1).unwrap();
+        cache.put(&all[1].0, &all[1].1).unwrap();
+        // Back-date the two files past the checkpoint's slack, as if written earlier.
+        for (key, _) in &all[..2] {
+            let file = fs::File::options()
+                .write(true)
+                .open(chunk_path(&cache.data_dir, key))
+                .unwrap();
+            file.set_modified(SystemTime::now() - 2 * CHECKPOINT_SLACK)
+                .unwrap();
+        }
+        cache.checkpoint().unwrap();
+        // Then a crash: these two never reach a checkpoint.
+        cache.put(&all[2].0, &all[2].1).unwrap();
+        cache.put(&all[3].0, &all[3].1).unwrap();
+    }
+    let data_dir = dir.path().join("data");
+    // A power cut tore one of them, and (as disks do) one of the checkpointed ones.
+    for i in [0, 2] {
+        let mut torn = all[i].1.clone();
+        torn[SIZE / 2..].fill(0);
+        let path = chunk_path(&data_dir, &all[i].0);
+        let file = fs::File::options().write(true).open(&path).unwrap();
+        file.write_all_at(&torn, 0).unwrap();
+        if i == 0 {
+            file.set_modified(SystemTime::now() - 2 * CHECKPOINT_SLACK)
+                .unwrap();
+        }
+    }
+    let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
+    assert_eq!(cache.stats().unverified, 2);
+    // The torn unverified chunk is caught by its first read, even a partial one.
+    assert_eq!(cache.read(&all[2].0, 0..16).unwrap(), None);
+    assert_eq!(
+        cache.read(&all[3].0, 0..16).unwrap().as_deref(),
+        Some(&all[3].1[..16])
+    );
+    assert_eq!(cache.stats().unverified, 0);
+    // The checkpointed one is trusted: only a scrub finds it.
+    assert_eq!(
+        cache.read(&all[0].0, 0..16).unwrap().as_deref(),
+        Some(&all[0].1[..16])
+    );
+    assert_eq!(cache.verify(&all[0].0).unwrap(), Verified::Dropped);
+    assert_eq!(cache.stats().verification_failures, 2);
+    assert_consistent(&cache);
+}
+
 #[test]
 fn the_drop_hook_is_told_what_left_and_why() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,7 +251,7 @@ fn the_drop_hook_is_told_what_left_and_why() {
     let mut bad = all[0].1.clone();
     bad[7] ^= 1;
     fs::write(chunk_path(&cache.data_dir, &all[0].0), &bad).unwrap();
-    assert_eq!(cache.get(&all[0].0).unwrap(), None);
+    assert_eq!(cache.verify(&all[0].0).unwrap(), Verified::Dropped);
     cache.put(&all[2].0, &all[2].1).unwrap();
     cache.put(&all[3].0, &all[3].1).unwrap();
     assert!(cache.remove(&all[3].0).unwrap());

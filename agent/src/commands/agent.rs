@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use tessera_agent::api::{self, Request};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
-use tessera_agent::daemon::{self, Listeners, MountStatus, Status};
+use tessera_agent::daemon::{self, Listeners, MountStatus, Status, VerifyReport};
 use tokio::net::TcpListener;
 
 use super::image::{print_out, print_summary};
@@ -370,6 +370,52 @@ pub fn status(args: StatusArgs) -> Result<()> {
     let result = call(&args.client, Request::Status).context("ask the agent for its status")?;
     let status: Status = serde_json::from_value(result)?;
     print_summary(&status, args.client.json)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Read every cached chunk and check it against its digest now, dropping those
+    /// that fail (they are fetched again when next read). The agent also does this in
+    /// the background, slowly (`[scrub]`).
+    Verify(CacheVerifyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CacheVerifyArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+pub fn cache(command: CacheCommand) -> Result<()> {
+    match command {
+        CacheCommand::Verify(args) => {
+            let status: Status = serde_json::from_value(
+                call(&args.client, Request::Status).context("ask the agent for its status")?,
+            )?;
+            if !args.client.json {
+                eprintln!(
+                    "verifying {} cached chunks ({:.1} MiB)…",
+                    status.cache.entries,
+                    status.cache.bytes as f64 / 1048576.0
+                );
+            }
+            let result = call(&args.client, Request::CacheVerify)
+                .context("ask the agent to verify its cache")?;
+            let report: VerifyReport = serde_json::from_value(result)?;
+            if args.client.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "verified {} chunks ({:.1} MiB) in {:.1} s: {} failed and were dropped",
+                    report.chunks,
+                    report.bytes as f64 / 1048576.0,
+                    report.millis as f64 / 1000.0,
+                    report.dropped
+                );
+            }
+            Ok(())
+        }
+    }
 }
 
 #[derive(Debug, Args)]

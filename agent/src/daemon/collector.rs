@@ -47,6 +47,11 @@ impl Collector for AgentCollector {
                 "Cached chunks that failed re-verification and were dropped",
                 cache.verification_failures,
             ),
+            (
+                "tessera_agent_cache_verified_bytes",
+                "Cached bytes re-verified by the scrub and `tessera cache verify`",
+                cache.verified_bytes,
+            ),
         ];
         let uploaded = agent
             .network
@@ -83,6 +88,11 @@ impl Collector for AgentCollector {
                 "tessera_agent_cache_chunks",
                 "Chunks in the cache",
                 cache.entries as i64,
+            ),
+            (
+                "tessera_agent_cache_unverified_chunks",
+                "Chunks written after the last checkpoint before a crash, verified when first read",
+                cache.unverified as i64,
             ),
             (
                 "tessera_agent_cache_degraded",

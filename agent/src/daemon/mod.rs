@@ -21,12 +21,14 @@ mod recorder;
 mod root;
 mod stale;
 mod status;
+mod upkeep;
 
 pub use crate::fs::handover::Attach;
 pub use metrics::serve_metrics;
 pub use recorder::Recorder;
 pub use root::{node_client, run, Listeners};
 pub use status::{MountStatus, Status, SwarmStatus};
+pub use upkeep::VerifyReport;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -67,8 +69,9 @@ pub struct Agent {
     /// This agent's mark in its mounts' source, to find them after a crash.
     owner: String,
     started: std::time::Instant,
-    /// The peer service and the membership task, when P2P is on (stopped at shutdown).
-    p2p_tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Tasks stopped at shutdown: the cache upkeep, and with P2P the peer service, the
+    /// membership task and preheat jobs.
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     mirror: Option<Arc<Mirror>>,
     /// The limits of every listener.
     connections: Connections,
@@ -178,7 +181,7 @@ impl Agent {
             "connection limits"
         );
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
-        let mut p2p_tasks = Vec::new();
+        let mut background = Vec::new();
         let mut preheat_jobs = None;
         if config.p2p.active() {
             let listener = peer.ok_or(Error::Listener {
@@ -196,7 +199,7 @@ impl Agent {
             )?;
             fetcher = fetcher.with_peers(joined.clone());
             network = Some(joined);
-            p2p_tasks = tasks;
+            background = tasks;
             preheat_jobs = Some(receiver);
         }
         let fetcher = Arc::new(fetcher);
@@ -220,14 +223,20 @@ impl Agent {
             bootstrap_dir,
             owner,
             started: std::time::Instant::now(),
-            p2p_tasks: Mutex::new(p2p_tasks),
+            background: Mutex::new(background),
             mirror,
             connections,
         });
+        let upkeep = tokio::spawn(upkeep::run(agent.cache.clone(), agent.config.scrub.clone()));
+        agent
+            .background
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(upkeep);
         if let (Some(network), Some(jobs)) = (agent.network.as_ref(), preheat_jobs) {
             let running = tokio::spawn(preheat::run(Arc::downgrade(&agent), network.clone(), jobs));
             agent
-                .p2p_tasks
+                .background
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(running);
@@ -289,6 +298,7 @@ impl Agent {
                 Ok(to_json(status))
             }
             Request::Status => Ok(to_json(self.status())),
+            Request::CacheVerify => Ok(to_json(upkeep::verify_all(&self.cache, None).await)),
         }
     }
 
@@ -329,15 +339,18 @@ impl Agent {
             network.leave().await;
         }
         for task in self
-            .p2p_tasks
+            .background
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
         {
             task.abort();
         }
-        if let Err(e) = self.cache.flush() {
-            tracing::warn!(error = %e, "could not flush the cache index");
+        let cache = self.cache.clone();
+        match crate::fetch::blocking(move || cache.checkpoint()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not checkpoint the cache"),
+            Err(e) => tracing::warn!(error = %e, "could not checkpoint the cache"),
         }
     }
 

@@ -2,13 +2,14 @@
 //! blocking bridge, since FUSE workers are not runtime threads), and the mount's read
 //! statistics — bytes, reads, first byte, slow reads — and its recorder.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::Recorder;
-use crate::fetch::{Fetcher, ImageChunks};
-use crate::fs::ChunkReader;
+use crate::fetch::{ChunkRead, Fetcher, ImageChunks};
+use crate::fs::{ChunkReader, Data};
 
 /// What the filesystem reads through: the image's chunks, and the read statistics.
 #[derive(Debug)]
@@ -43,14 +44,27 @@ pub struct MountedImage {
 }
 
 impl ChunkReader for MountedImage {
-    fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
+    fn read_chunk(&self, chunk: u32, within: Range<u32>) -> std::io::Result<Data> {
         // FUSE worker threads are not runtime threads: the fetcher's blocking bridge.
-        self.fetcher
-            .read_blocking(&self.runtime, &self.chunks, chunk, self.readahead)
+        let read = self
+            .fetcher
+            .read_blocking(
+                &self.runtime,
+                &self.chunks,
+                chunk,
+                within.clone(),
+                self.readahead,
+            )
             .map_err(|e| {
                 tracing::error!(image = %self.chunks.reference, chunk, error = %e, "read failed");
                 std::io::Error::other(e.to_string())
-            })
+            })?;
+        Ok(match read {
+            ChunkRead::Whole(whole) => {
+                Data::part_of(whole, within.start as usize..within.end as usize)
+            }
+            ChunkRead::Part(part) => Data::Owned(part),
+        })
     }
 
     fn observe_read(&self, ino: u32, _offset: u64, len: u64) {

@@ -22,8 +22,8 @@
 //! I/O, hashing and decompression run on tokio's blocking pool through [`blocking`],
 //! the one place work is handed off. FUSE worker threads, which are not runtime
 //! threads, enter through the one blocking bridge, [`Fetcher::read_blocking`]: it
-//! serves memory and store hits on the calling thread and blocks on the pipeline only
-//! for a miss.
+//! serves memory and store hits on the calling thread (a read of part of a stored chunk
+//! reads only that part) and blocks on the pipeline only for a miss.
 
 mod all;
 mod image;
@@ -56,6 +56,14 @@ use crate::cache::ChunkKey;
 use crate::config::FetchConfig;
 use crate::{ChunkFailure, Error, Result};
 use memory::Memory;
+
+/// What [`Fetcher::read_blocking`] answers: the whole chunk, or just the bytes asked
+/// for when only those were read from the store.
+#[derive(Debug)]
+pub enum ChunkRead {
+    Whole(Arc<Vec<u8>>),
+    Part(Vec<u8>),
+}
 
 /// A unit's result, as everyone waiting for it receives it.
 type Outcome = std::result::Result<Fetched, ChunkFailure>;
@@ -207,15 +215,17 @@ impl Fetcher {
     }
 
     /// The blocking bridge for FUSE worker threads (not runtime threads): starts the
-    /// read-ahead `window` calls for, serves chunk `index` from memory or the store on
-    /// this thread, and blocks on the pipeline only for a miss.
+    /// read-ahead `window` calls for, serves bytes `within` of chunk `index` from memory
+    /// or the store on this thread (reading only those bytes of a stored chunk not in
+    /// memory), and blocks on the pipeline only for a miss.
     pub fn read_blocking(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
         image: &Arc<ImageChunks>,
         index: u32,
+        within: std::ops::Range<u32>,
         window: u64,
-    ) -> Result<Arc<Vec<u8>>> {
+    ) -> Result<ChunkRead> {
         let unit = image.unit(index)?;
         let now_ms = self.born.elapsed().as_millis() as u64;
         self.last_read_ms.store(now_ms, Ordering::Relaxed);
@@ -230,10 +240,14 @@ impl Fetcher {
         }
         let wanted: Arc<dyn Wanted> = image.clone();
         if let Some(got) = self.in_memory(&unit) {
-            return Ok(got.data);
+            return Ok(ChunkRead::Whole(got.data));
         }
-        if let Some(got) = self.in_store(&wanted, &unit) {
-            return Ok(got.data);
+        if within.len() < unit.size as usize {
+            if let Some(part) = self.part_in_store(&wanted, &unit, within) {
+                return Ok(ChunkRead::Part(part));
+            }
+        } else if let Some(got) = self.in_store(&wanted, &unit) {
+            return Ok(ChunkRead::Whole(got.data));
         }
         self.reads_waiting.fetch_add(1, Ordering::Relaxed);
         let mut stopped = self.stopped.subscribe();
@@ -251,7 +265,31 @@ impl Fetcher {
         let now_ms = self.born.elapsed().as_millis() as u64;
         self.last_read_ms.store(now_ms, Ordering::SeqCst);
         self.reads_waiting.fetch_sub(1, Ordering::SeqCst);
-        got
+        got.map(ChunkRead::Whole)
+    }
+
+    /// Blocking: bytes `within` of the unit from the store, reading only those (the
+    /// unit is not kept in memory: the rest of it was not read).
+    fn part_in_store(
+        &self,
+        wanted: &Arc<dyn Wanted>,
+        unit: &Unit,
+        within: std::ops::Range<u32>,
+    ) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        let range = u64::from(within.start)..u64::from(within.end);
+        match self.store.read(&unit.key, range) {
+            Ok(Some(part)) => {
+                self.served_locally(wanted, &part, started);
+                Some(part)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                // The index failed: a miss, and the fetch goes on to the network.
+                tracing::warn!(unit = %unit.key, error = %e, "chunk cache read failed");
+                None
+            }
+        }
     }
 
     /// The unit from the memory layer. Not counted as fetched from anywhere: these

@@ -88,12 +88,16 @@ pub trait PeerStream: Send {
     fn next(&mut self) -> BoxFuture<'_, std::result::Result<Option<ChunkData>, PeerFailure>>;
 }
 
-/// Verified units on this node's disk, by the digest of their bytes. `get` and `put` do
-/// file I/O and hashing: the pipeline calls them only on the blocking pool
-/// ([`super::blocking`]). `contains` is an index probe, cheap enough to make inline.
+/// Verified units on this node's disk, by the digest of their bytes (verified on the way
+/// in, trusted after: shared/MISSION.md). `get`, `read` and `put` do file I/O: the
+/// pipeline calls them only on the blocking pool ([`super::blocking`]) or a FUSE worker
+/// thread. `contains` is an index probe, cheap enough to make inline.
 pub trait Store: Send + Sync {
     /// The unit's bytes, checked; `None` when absent or no longer good.
     fn get(&self, key: &ChunkKey) -> Result<Option<Vec<u8>>>;
+    /// Bytes `range` of the unit (within its size), reading only those; `None` as for
+    /// `get`.
+    fn read(&self, key: &ChunkKey, range: Range<u64>) -> Result<Option<Vec<u8>>>;
     fn contains(&self, key: &ChunkKey) -> bool;
     /// Keeps bytes the caller verified against `key`.
     fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()>;
@@ -104,6 +108,9 @@ pub trait Store: Send + Sync {
 impl Store for ChunkCache {
     fn get(&self, key: &ChunkKey) -> Result<Option<Vec<u8>>> {
         ChunkCache::get(self, key)
+    }
+    fn read(&self, key: &ChunkKey, range: Range<u64>) -> Result<Option<Vec<u8>>> {
+        ChunkCache::read(self, key, range)
     }
     fn contains(&self, key: &ChunkKey) -> bool {
         ChunkCache::contains(self, key)

@@ -298,12 +298,21 @@ impl Peers for FakePeers {
 struct FakeStore {
     units: Mutex<HashMap<ChunkKey, Vec<u8>>>,
     gets: AtomicUsize,
+    /// Partial reads.
+    reads: AtomicUsize,
 }
 
 impl Store for FakeStore {
     fn get(&self, key: &ChunkKey) -> Result<Option<Vec<u8>>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         Ok(self.units.lock().unwrap().get(key).cloned())
+    }
+    fn read(&self, key: &ChunkKey, range: Range<u64>) -> Result<Option<Vec<u8>>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let units = self.units.lock().unwrap();
+        Ok(units
+            .get(key)
+            .map(|unit| unit[range.start as usize..range.end as usize].to_vec()))
     }
     fn contains(&self, key: &ChunkKey) -> bool {
         self.units.lock().unwrap().contains_key(key)

@@ -39,21 +39,24 @@ mod session;
 
 pub use session::{attach, mount, Mounted};
 
+pub use read::Data;
+
 use std::borrow::Borrow;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 /// Where a mounted image's file data comes from.
 pub trait ChunkReader: Send + Sync + 'static {
-    /// The uncompressed, verified bytes of chunk `chunk` (an index into the bootstrap's
-    /// chunk table). Blocks; called on the filesystem's worker threads (never on an
-    /// async runtime's), possibly many at once, and for one chunk as often as the
-    /// kernel reads inside it: a reader should keep recently used chunks at hand.
+    /// Bytes `within` (a range of the uncompressed chunk) of chunk `chunk` (an index
+    /// into the bootstrap's chunk table), verified. Blocks; called on the filesystem's
+    /// worker threads (never on an async runtime's), possibly many at once, and for one
+    /// chunk as often as the kernel reads inside it: a reader should keep recently used
+    /// chunks at hand, or read only the bytes asked for.
     ///
-    /// A result that is not exactly the chunk's `uncompressed_size` is treated as an
-    /// error. Errors are logged by the filesystem (with the inode and chunk) and the read
-    /// fails with `EIO`.
-    fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>>;
+    /// A result that is not exactly `within`'s length is treated as an error. Errors
+    /// are logged by the filesystem (with the inode and chunk) and the read fails with
+    /// `EIO`.
+    fn read_chunk(&self, chunk: u32, within: Range<u32>) -> std::io::Result<Data>;
 
     /// Told about every read the workload makes, clamped to the file's size (for stats
     /// and `mount --record`). Called on the session thread in the order the kernel sent

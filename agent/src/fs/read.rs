@@ -8,8 +8,8 @@ use rafs_format::reader::FileChunk;
 
 use super::ChunkReader;
 
-/// The bytes of a read: borrowed from the one chunk that holds them all (the common
-/// case: a page-cache read inside one chunk costs no copy), or assembled.
+/// The bytes of a read: borrowed from a whole chunk in memory (a page-cache read inside
+/// one chunk costs no copy), or owned (read alone, or assembled from several chunks).
 #[derive(Debug)]
 pub enum Data {
     Chunk(Arc<Vec<u8>>, Range<usize>),
@@ -17,6 +17,17 @@ pub enum Data {
 }
 
 impl Data {
+    /// Bytes `within` of a whole chunk; empty if `within` lies outside it (the length
+    /// check every reader's answer gets turns that into an error).
+    pub fn part_of(chunk: Arc<Vec<u8>>, within: Range<usize>) -> Data {
+        let within = if within.end <= chunk.len() && within.start <= within.end {
+            within
+        } else {
+            0..0
+        };
+        Data::Chunk(chunk, within)
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         match self {
             // The range was checked against the chunk when it was made.
@@ -70,26 +81,28 @@ pub fn read_range(
             out.resize(out.len() + (to - from), 0);
             continue;
         };
-        let bytes = reader
-            .read_chunk(chunk)
+        let data = reader
+            .read_chunk(chunk, from as u32..to as u32)
             .map_err(|cause| Failure { chunk, cause })?;
-        if bytes.len() != piece.len as usize {
+        let bytes = data.as_slice();
+        if bytes.len() != to - from {
             return Err(Failure {
                 chunk,
                 cause: std::io::Error::other(format!(
-                    "the reader returned {} bytes for a chunk of {}",
+                    "the reader returned {} bytes for {} of a chunk of {}",
                     bytes.len(),
+                    to - from,
                     piece.len
                 )),
             });
         }
         if to - from == len {
-            return Ok(Data::Chunk(bytes, from..to));
+            return Ok(data);
         }
         if out.capacity() == 0 {
             out.reserve_exact(len);
         }
-        out.extend_from_slice(&bytes[from..to]);
+        out.extend_from_slice(bytes);
     }
     Ok(Data::Owned(out))
 }
@@ -106,7 +119,7 @@ mod tests {
     }
 
     impl ChunkReader for Fake {
-        fn read_chunk(&self, chunk: u32) -> std::io::Result<Arc<Vec<u8>>> {
+        fn read_chunk(&self, chunk: u32, within: Range<u32>) -> std::io::Result<Data> {
             self.asked
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -114,7 +127,11 @@ mod tests {
             if chunk == 99 {
                 return Err(std::io::Error::other("injected"));
             }
-            Ok(Arc::new(vec![chunk as u8 + 1; self.len]))
+            let whole = Arc::new(vec![chunk as u8 + 1; self.len]);
+            Ok(Data::part_of(
+                whole,
+                within.start as usize..within.end as usize,
+            ))
         }
     }
 
