@@ -39,6 +39,10 @@ pub struct AgentConfig {
     /// On SIGTERM or SIGINT, how long reads in flight may go on before what is left
     /// fails with EIO and the agent unmounts and exits (seconds).
     pub shutdown_grace_secs: u64,
+    /// FUSE passthrough (Linux 6.9+): a file whose data is all in the cache is read by
+    /// the kernel straight from disk, at the disk's speed. Files of several chunks get a
+    /// copy for it (within `cache_capacity`, at most a quarter of it).
+    pub passthrough: bool,
     pub scrub: ScrubConfig,
     pub fetch: FetchConfig,
     pub p2p: P2pConfig,
@@ -396,6 +400,7 @@ impl Default for AgentConfig {
             metrics_listen: None,
             prefetch: Prefetch::List,
             shutdown_grace_secs: 10,
+            passthrough: true,
             scrub: ScrubConfig::default(),
             fetch: FetchConfig::default(),
             p2p: P2pConfig::default(),

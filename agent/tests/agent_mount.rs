@@ -1256,3 +1256,76 @@ fn warm_reads_read_only_what_they_ask_and_cache_verify_drops_damaged_chunks() {
         "the dropped chunk came from the origin again: {pull}"
     );
 }
+
+/// The value of the metric line starting with `name ` (`None` if absent).
+fn metric(agent: &AgentProcess, name: &str) -> Option<f64> {
+    agent
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// FUSE passthrough (Linux 6.9+): once a file's data is all cached, its next open hands
+/// the kernel a backing file and the kernel reads it with no round trip to the agent.
+/// A file of one chunk is backed by the chunk's own file; a file of several gets a copy
+/// when its last open closes, counted in the cache. Holes stay holes.
+#[test]
+fn files_all_in_the_cache_are_read_by_the_kernel_through_passthrough() {
+    let t = tempfile::tempdir().unwrap();
+    let mut sparse = pseudo_random(3 << 20, 7);
+    sparse[1 << 20..2 << 20].fill(0);
+    let files = vec![
+        ("small.bin".to_string(), pseudo_random(200 << 10, 5)),
+        ("big.bin".to_string(), pseudo_random((4 << 20) + 12345, 6)),
+        ("sparse.bin".to_string(), sparse),
+    ];
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect()],
+    );
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let reference = converted(t.path(), &layout, &registry, &proxy);
+    let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let mnt = mountpoint(t.path(), "mnt");
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "cold, through the agent", &agent);
+    // The two files of several chunks get backing files once closed (in the background).
+    let backing = (4 << 20) + 12345 + (3 << 20);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while agent.status()["cache"]["backing_bytes"] != backing {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no backing files: {}\n{}",
+            agent.status()["cache"],
+            agent.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    agent.ok(&["umount", s(&mnt)]);
+
+    agent.ok(&["mount", &reference, s(&mnt)]);
+    assert_files_read(&mnt, &files, "warm, through passthrough", &agent);
+    let opens = metric(&agent, "tessera_agent_fuse_passthrough_opens_total");
+    assert_eq!(
+        opens,
+        Some(3.0),
+        "every file opened with a backing file (a kernel without FUSE passthrough, Linux < 6.9, fails this)\n{}",
+        agent.log()
+    );
+    let m = &agent.status()["mounts"][0];
+    assert_eq!(m["reads"], 0, "no read reached the agent: {m}");
+    // Holes are not stored: the copy of the sparse file is sparse.
+    let files_dir = agent.cache_dir.join("chunks").join("files");
+    let allocated: u64 = files_under(&files_dir)
+        .iter()
+        .map(|p| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap()) * 512)
+        .sum();
+    let data = backing - (1 << 20);
+    assert!(
+        allocated < data + 64 * 1024,
+        "backing files allocate {allocated} bytes for {data} of data"
+    );
+}

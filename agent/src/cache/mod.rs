@@ -51,6 +51,7 @@
 //! [`pieces`] keeps, beside the chunks, the piece tables of plain blobs the registry
 //! mirror cut (the peer service serves them too, so they sit below both).
 
+mod files;
 mod layout;
 pub mod pieces;
 #[cfg(test)]
@@ -73,6 +74,7 @@ use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
 
 use crate::{Error, Result};
+pub use files::FileLayout;
 use layout::{chunk_path, entry_key, shard_dir, Entry, ENTRY_PREFIX, SYNCED_FILE, TMP_PREFIX};
 
 /// A chunk's identity: the digest of its uncompressed bytes and the algorithm that made
@@ -113,6 +115,10 @@ pub struct CacheStats {
     /// Bytes [`ChunkCache::verify`] re-checked since open (scrub and `cache verify`).
     #[serde(default)]
     pub verified_bytes: u64,
+    /// Bytes of backing files for FUSE passthrough (copies of cached chunks, within
+    /// the capacity; not in `bytes`).
+    #[serde(default)]
+    pub backing_bytes: u64,
 }
 
 /// Why chunks left the cache, for the hook set with [`ChunkCache::on_drop`].
@@ -226,6 +232,8 @@ pub struct ChunkCache {
     data_dir: PathBuf,
     /// Entry records on disk (see `layout.rs`).
     index: sled::Db,
+    /// Backing files for FUSE passthrough (`files.rs`).
+    files: files::BackingFiles,
     /// The index in memory: what reads, puts and evictions consult.
     memory: Mutex<Index>,
     capacity: u64,
@@ -322,10 +330,12 @@ impl ChunkCache {
         let data_dir = dir.join("data");
         fs::create_dir_all(&data_dir).map_err(|e| Error::io("create", &data_dir, e))?;
         let index = open_index(dir, &data_dir)?;
+        let trusted_before = last_checkpoint(dir);
         let cache = ChunkCache {
             dir: dir.to_path_buf(),
             data_dir,
             index,
+            files: files::BackingFiles::open(dir.join("files"), trusted_before)?,
             memory: Mutex::default(),
             capacity,
             next_seq: AtomicU64::new(0),
@@ -346,7 +356,6 @@ impl ChunkCache {
             #[cfg(test)]
             full_writes: Default::default(),
         };
-        let trusted_before = cache.last_checkpoint();
         let dropped = cache.load_entries(trusted_before)?;
         let (adopted, strays) = cache.index_unindexed_files(trusted_before)?;
         tracing::info!(
@@ -359,7 +368,7 @@ impl ChunkCache {
             strays,
             "chunk cache opened"
         );
-        cache.evict_to(capacity)?;
+        cache.keep_capacity()?;
         Ok(cache)
     }
 
@@ -513,7 +522,68 @@ impl ChunkCache {
         if self.disk_full.swap(false, Relaxed) {
             tracing::info!(dir = %self.data_dir.display(), "the cache disk has room again: caching chunks again");
         }
-        self.evict_to(self.capacity)
+        self.keep_capacity()
+    }
+
+    /// Evicts what is past the capacity: backing files past their quarter first, then
+    /// chunks past what the backing files leave.
+    fn keep_capacity(&self) -> Result<()> {
+        self.files.evict_to(self.capacity / 4);
+        self.evict_to(self.capacity.saturating_sub(self.files.bytes()))
+    }
+
+    /// A file holding exactly the bytes `layout` describes, opened for reading, for FUSE
+    /// passthrough: the chunk's own file when the file is one whole chunk, else the
+    /// backing file made for it; `None` if there is none, or the chunk is not trusted
+    /// yet (its first read verifies it).
+    pub fn backing_file(&self, layout: &FileLayout) -> Option<fs::File> {
+        let Some(key) = layout.single_chunk() else {
+            return self.files.open_file(layout);
+        };
+        self.slot(&key)
+            .filter(|slot| slot.trusted && slot.size == layout.size)?;
+        let file = fs::File::open(chunk_path(&self.data_dir, &key)).ok()?;
+        if file.metadata().ok()?.len() != layout.size {
+            return None;
+        }
+        self.touch(&key);
+        Some(file)
+    }
+
+    /// Whether [`make_backing_file`](Self::make_backing_file) would make one now: the
+    /// file is not one whole chunk, has none yet, and all its chunks are cached and
+    /// trusted. An index probe, cheap enough for a FUSE session thread.
+    pub fn wants_backing_file(&self, layout: &FileLayout) -> bool {
+        if layout.single_chunk().is_some() || self.files.contains(layout) {
+            return false;
+        }
+        let memory = self.memory();
+        layout
+            .pieces
+            .iter()
+            .filter_map(|(_, _, key)| key.as_ref())
+            .all(|key| memory.slots.get(key).is_some_and(|slot| slot.trusted))
+    }
+
+    /// Makes the backing file of a file whose chunks are all cached and trusted (a
+    /// copy: see `files.rs`); `false` if it has one, or a chunk is missing.
+    pub fn make_backing_file(&self, layout: &FileLayout) -> Result<bool> {
+        if layout.single_chunk().is_some() || layout.size > self.capacity / 4 {
+            return Ok(false);
+        }
+        let keys: Vec<ChunkKey> = layout.pieces.iter().filter_map(|p| p.2).collect();
+        let _pins: Vec<PinGuard<'_>> = keys.iter().map(|key| self.pin(key)).collect();
+        if !self.wants_backing_file(layout) {
+            return Ok(false);
+        }
+        let made = self
+            .files
+            .make(layout, |key| chunk_path(&self.data_dir, key))
+            .map_err(|e| self.disk_full_or(e))?;
+        if made {
+            self.keep_capacity()?;
+        }
+        Ok(made)
     }
 
     /// `e`, or [`Error::CacheDiskFull`] (marking the cache degraded, warning at most
@@ -588,6 +658,7 @@ impl ChunkCache {
             stored_bytes: self.stored_bytes.load(Relaxed),
             unverified: self.memory().untrusted,
             verified_bytes: self.verified_bytes.load(Relaxed),
+            backing_bytes: self.files.bytes(),
         }
     }
 
@@ -617,16 +688,6 @@ impl ChunkCache {
             fs::File::open(&self.dir)?.sync_all()
         };
         write().map_err(|e| Error::io("write", &path, e))
-    }
-
-    /// When the last checkpoint started, less the slack for coarse file times; the
-    /// epoch (nothing trusted) without one.
-    fn last_checkpoint(&self) -> SystemTime {
-        fs::read_to_string(self.dir.join(SYNCED_FILE))
-            .ok()
-            .and_then(|text| layout::decode_synced(&text))
-            .and_then(|at| at.checked_sub(CHECKPOINT_SLACK))
-            .unwrap_or(SystemTime::UNIX_EPOCH)
     }
 
     /// Writes the index to disk now (sled also does every half second and on drop).
@@ -994,6 +1055,16 @@ impl Drop for ChunkCache {
             tracing::warn!(error = %e, "could not record cache uses");
         }
     }
+}
+
+/// When the last checkpoint of the cache in `dir` started, less the slack for coarse file
+/// times; the epoch (nothing trusted) without one.
+fn last_checkpoint(dir: &Path) -> SystemTime {
+    fs::read_to_string(dir.join(SYNCED_FILE))
+        .ok()
+        .and_then(|text| layout::decode_synced(&text))
+        .and_then(|at| at.checked_sub(CHECKPOINT_SLACK))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Opens the index in `dir/index` at this agent's layout version. An index that does

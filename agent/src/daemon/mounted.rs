@@ -8,6 +8,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::Recorder;
+use rafs_format::reader::FileChunk;
+
+use crate::cache::{ChunkCache, FileLayout};
 use crate::fetch::{ChunkRead, Fetcher, ImageChunks};
 use crate::fs::{ChunkReader, Data};
 
@@ -17,6 +20,8 @@ pub struct MountedImage {
     pub chunks: Arc<ImageChunks>,
     /// Where every chunk comes from.
     pub(super) fetcher: Arc<Fetcher>,
+    /// The node's cache, for backing files (FUSE passthrough).
+    pub(super) cache: Arc<ChunkCache>,
     /// `fetch.readahead_bytes`.
     pub(super) readahead: u64,
     /// The runtime FUSE worker threads block on for a miss.
@@ -43,6 +48,25 @@ pub struct MountedImage {
     pub(super) slow_logged_ms: AtomicU64,
 }
 
+impl MountedImage {
+    /// Where the bytes of a file made of `pieces` are, by chunk digest; `None` if a
+    /// piece names a chunk the image does not have (a corrupt record: no passthrough).
+    fn layout(&self, pieces: &[FileChunk], size: u64) -> Option<FileLayout> {
+        let pieces = pieces
+            .iter()
+            .map(|p| match p.chunk {
+                Some(chunk) => Some((
+                    p.file_offset,
+                    p.len,
+                    Some(self.chunks.unit(chunk).ok()?.key),
+                )),
+                None => Some((p.file_offset, p.len, None)),
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(FileLayout { size, pieces })
+    }
+}
+
 impl ChunkReader for MountedImage {
     fn read_chunk(&self, chunk: u32, within: Range<u32>) -> std::io::Result<Data> {
         // FUSE worker threads are not runtime threads: the fetcher's blocking bridge.
@@ -65,6 +89,28 @@ impl ChunkReader for MountedImage {
             }
             ChunkRead::Part(part) => Data::Owned(part),
         })
+    }
+
+    fn backing_file(&self, pieces: &[FileChunk], size: u64) -> Option<std::fs::File> {
+        self.cache.backing_file(&self.layout(pieces, size)?)
+    }
+
+    fn file_closed(&self, pieces: &Arc<[FileChunk]>, size: u64) {
+        let Some(layout) = self.layout(pieces, size) else {
+            return;
+        };
+        if !self.cache.wants_backing_file(&layout) {
+            return;
+        }
+        let cache = self.cache.clone();
+        // Copying may take a while (the kernel copies, or shares extents): off the
+        // session thread, on the blocking pool.
+        self.runtime
+            .spawn_blocking(move || match cache.make_backing_file(&layout) {
+                Ok(true) => tracing::debug!(bytes = layout.size, "made a passthrough backing file"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "could not make a passthrough backing file"),
+            });
     }
 
     fn observe_read(&self, ino: u32, _offset: u64, len: u64) {

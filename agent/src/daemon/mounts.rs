@@ -75,6 +75,7 @@ impl Agent {
         let mounted_image = Arc::new(MountedImage {
             chunks,
             fetcher: self.fetcher.clone(),
+            cache: self.cache.clone(),
             readahead: self.config.fetch.readahead_bytes,
             runtime: self.runtime.clone(),
             requested: image.to_string(),
@@ -93,6 +94,8 @@ impl Agent {
             workers: self.config.fetch.workers,
             allow_other: true,
             read_latency: Some(self.fetcher.metrics.fuse_read_seconds.clone()),
+            // A recording must see every read, and passthrough reads never reach us.
+            passthrough: self.config.passthrough && record.is_none(),
         };
         let mount = Mount::attach(
             mounted_image.clone(),

@@ -14,9 +14,9 @@ use std::time::SystemTime;
 
 use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
-    FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow,
+    BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
 };
 use prometheus_client::metrics::histogram::Histogram;
 use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
@@ -53,6 +53,11 @@ pub struct ImageFs {
     statfs_blocks: Option<u64>,
     /// Where read latency (queueing included) is recorded, if anywhere.
     read_latency: Option<Histogram>,
+    /// The mount asked for FUSE passthrough.
+    passthrough_wanted: bool,
+    /// Open files with a backing file: asked for, accepted by the kernel at `init`
+    /// (a session that takes over a connection never sees one), and not refused since.
+    passthrough: bool,
 }
 
 /// An inode's extended attributes: (name, value), sorted by name.
@@ -63,6 +68,9 @@ struct OpenFile {
     ino: u32,
     size: u64,
     pieces: Arc<[FileChunk]>,
+    /// The backing file the kernel reads this file from (FUSE passthrough), kept
+    /// registered while the file is open: every open of an inode must name the same.
+    backing: Option<BackingId>,
 }
 
 impl std::fmt::Debug for ImageFs {
@@ -82,6 +90,7 @@ impl ImageFs {
         pool: Pool,
         workers: usize,
         read_latency: Option<Histogram>,
+        passthrough: bool,
     ) -> Self {
         let max_background = workers.saturating_mul(2).clamp(16, 1024) as u16;
         ImageFs {
@@ -93,6 +102,8 @@ impl ImageFs {
             max_background,
             statfs_blocks: None,
             read_latency,
+            passthrough_wanted: passthrough,
+            passthrough: false,
         }
     }
 
@@ -182,7 +193,29 @@ impl ImageFs {
             ino: inode.ino,
             size: inode.size,
             pieces: pieces.into(),
+            backing: None,
         })
+    }
+
+    /// A backing file for `file`, registered with the kernel, when passthrough is on
+    /// and the reader has one. A refusal turns passthrough off for the mount: the next
+    /// file would be refused for the same reason (say, a cache on overlayfs).
+    fn backing_for(&mut self, file: &OpenFile, reply: &ReplyOpen) -> Option<BackingId> {
+        if !self.passthrough || file.size == 0 {
+            return None;
+        }
+        let backing = self.reader.backing_file(&file.pieces, file.size)?;
+        match reply.open_backing(&backing) {
+            Ok(id) => {
+                FsStats::count(&self.stats.passthrough_opens, 1);
+                Some(id)
+            }
+            Err(error) => {
+                self.passthrough = false;
+                tracing::warn!(%error, "the kernel refused a FUSE passthrough backing file (is the cache on overlayfs or another FUSE mount?): every read of this mount goes through the agent");
+                None
+            }
+        }
     }
 
     fn xattrs(&self, ino: u64) -> Result<Xattrs<'_>, c_int> {
@@ -237,6 +270,15 @@ impl Filesystem for ImageFs {
         ] {
             let _ = config.add_capabilities(capability);
         }
+        if self.passthrough_wanted {
+            // Depth 1: backing files must sit on an unstacked filesystem (not
+            // overlayfs), and overlayfs may stack on this mount (the snapshotter does).
+            self.passthrough = config.add_capabilities(consts::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !self.passthrough {
+                tracing::info!("this kernel has no FUSE passthrough (Linux 6.9+): every read goes through the agent");
+            }
+        }
         Ok(())
     }
 
@@ -273,17 +315,23 @@ impl Filesystem for ImageFs {
         if flags & O_ACCMODE != O_RDONLY {
             return reply.error(EROFS);
         }
-        if let Some((_, opens)) = self.open_files.get_mut(&ino) {
-            *opens += 1;
-            return reply.opened(ino, FOPEN_KEEP_CACHE);
+        if !self.open_files.contains_key(&ino) {
+            let mut file = match self.open_file(ino) {
+                Ok(file) => file,
+                Err(e) => return reply.error(e),
+            };
+            file.backing = self.backing_for(&file, &reply);
+            self.open_files.insert(ino, (file, 0));
         }
-        match self.open_file(ino) {
-            Ok(file) => {
-                self.open_files.insert(ino, (file, 1));
-                // The data never changes: keep cached pages across close and open.
-                reply.opened(ino, FOPEN_KEEP_CACHE);
-            }
-            Err(e) => reply.error(e),
+        let Some((opened, opens)) = self.open_files.get_mut(&ino) else {
+            return reply.error(EIO);
+        };
+        *opens += 1;
+        match &opened.backing {
+            // The kernel reads the backing file; nothing to keep in our own pages.
+            Some(backing) => reply.opened_passthrough(ino, 0, backing),
+            // The data never changes: keep cached pages across close and open.
+            None => reply.opened(ino, FOPEN_KEEP_CACHE),
         }
     }
 
@@ -370,7 +418,13 @@ impl Filesystem for ImageFs {
         if let Some((_, opens)) = self.open_files.get_mut(&ino) {
             *opens = opens.saturating_sub(1);
             if *opens == 0 {
-                self.open_files.remove(&ino);
+                // Dropping the backing id unregisters it; the kernel's open files keep
+                // their own reference to the backing file.
+                if let Some((file, _)) = self.open_files.remove(&ino) {
+                    if file.backing.is_none() && self.passthrough {
+                        self.reader.file_closed(&file.pieces, file.size);
+                    }
+                }
             }
         }
         reply.ok();

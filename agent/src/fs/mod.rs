@@ -43,6 +43,9 @@ pub use read::Data;
 
 use std::borrow::Borrow;
 use std::ops::Range;
+use std::sync::Arc;
+
+use rafs_format::reader::FileChunk;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a mounted image's file data comes from.
@@ -57,6 +60,19 @@ pub trait ChunkReader: Send + Sync + 'static {
     /// are logged by the filesystem (with the inode and chunk) and the read fails with
     /// `EIO`.
     fn read_chunk(&self, chunk: u32, within: Range<u32>) -> std::io::Result<Data>;
+
+    /// A file on local disk holding exactly the `size` bytes of the file made of
+    /// `pieces`, verified, for the kernel to read with no round trip to us (FUSE
+    /// passthrough); `None` when there is none yet. Called on the session thread at
+    /// open: it may look on local disk, never wait on the network. Default: none.
+    fn backing_file(&self, _pieces: &[FileChunk], _size: u64) -> Option<std::fs::File> {
+        None
+    }
+
+    /// Told when the last open of a file read through us (not passthrough) closes: the
+    /// reader may now hold all of its data and prepare a backing file for its next
+    /// open. Called on the session thread, so it must not block. Default: nothing.
+    fn file_closed(&self, _pieces: &Arc<[FileChunk]>, _size: u64) {}
 
     /// Told about every read the workload makes, clamped to the file's size (for stats
     /// and `mount --record`). Called on the session thread in the order the kernel sent
@@ -81,6 +97,11 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Records each read's latency, queueing for a worker included.
     pub read_latency: Option<prometheus_client::metrics::histogram::Histogram>,
+    /// Open files whose data the reader has on local disk with FUSE passthrough (Linux
+    /// ≥ 6.9): the kernel then reads the [`ChunkReader::backing_file`] itself, and
+    /// those reads never reach the reader (nor [`ChunkReader::observe_read`]). Off on
+    /// kernels without it, and for a session that takes over a connection.
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -90,6 +111,7 @@ impl Default for MountOptions {
             workers: 16,
             allow_other: false,
             read_latency: None,
+            passthrough: false,
         }
     }
 }
@@ -110,11 +132,14 @@ pub struct FsStats {
     /// Operations answered with `EIO`: a chunk that could not be had, or a corrupt
     /// bootstrap record. (Expected errors — `ENOENT`, `ENODATA`, `EROFS` — do not count.)
     pub errors: AtomicU64,
+    /// Opens answered with a backing file (FUSE passthrough): their reads never come
+    /// here, so `reads` and `read_bytes` do not count them.
+    pub passthrough_opens: AtomicU64,
 }
 
 impl FsStats {
     /// Each counter with the name it has in metrics (`tessera_agent_fuse_<name>`).
-    pub fn snapshot(&self) -> [(&'static str, u64); 6] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 7] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("lookups", get(&self.lookups)),
@@ -123,6 +148,7 @@ impl FsStats {
             ("reads", get(&self.reads)),
             ("read_bytes", get(&self.read_bytes)),
             ("errors", get(&self.errors)),
+            ("passthrough_opens", get(&self.passthrough_opens)),
         ]
     }
 

@@ -124,6 +124,7 @@ fn image_fs(
         pool,
         opts.workers,
         opts.read_latency.clone(),
+        opts.passthrough,
     );
     Ok((fs, stats, span))
 }
