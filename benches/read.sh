@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Read throughput of a lazy mount, against baselines measured in the same run, on one
-# TESSERA_BENCH_MOUNT_MB (default 1024) MiB file (half pseudo-random, half text, so its
+# Read throughput of a lazy mount, against nydusd and baselines measured in the same run,
+# on one TESSERA_BENCH_MOUNT_MB (default 1024) MiB file (half pseudo-random, half text, so its
 # chunks compress like real data) in an image on a local docker-registry. The registry
 # sits behind a link capped at TESSERA_BENCH_READ_CAP (default 1gbit; a network namespace
 # and a veth with tc, so the cold figures compare against a link, as the mission's cold
@@ -24,10 +24,20 @@
 #         20), through the same mount (page cache) and a fresh mount (chunk cache)
 #                     vs  the native file (page cache)
 #
+# Nydus side by side: every mount run above is also made through nydusd (FUSE), on the
+# same tree, registry and link, interleaved with Tessera's in the same repetitions: a
+# RAFS v6 image built by `nydus-image create` (zstd, 1 MiB chunks) from the same native
+# tree, its blob pushed to the same registry, nydusd's registry backend with a blobcache
+# (a fresh work dir for every cold run; the fresh-mount runs restart nydusd over the full
+# one). Each Tessera mount row gets a "vs nydusd" ratio. nydusd and nydus-image 2.2.0
+# come from `make nydus-deps` (target/tools/nydus/bin, or TESSERA_NYDUS_BIN_DIR); without
+# them the script stops. TESSERA_BENCH_NYDUS=off measures Tessera alone and says so in
+# its output (bench-smoke: CI does not build nydus).
+#
 # Prints Markdown (benches/scenarios/read.py renders it); TESSERA_BENCH_JSON=FILE also
 # writes the figures as JSON (scenario "read"). TESSERA_BIN picks the binary (default
 # target/release/tessera). Needs docker-registry, skopeo, umoci, curl, python3, fuse3
-# and fio (`make test-deps`); runs as root.
+# and fio (`make test-deps`) and nydus (`make nydus-deps`); runs as root.
 set -euo pipefail
 
 SIZE_MB=${TESSERA_BENCH_MOUNT_MB:-1024}
@@ -37,12 +47,16 @@ RUNTIME=${TESSERA_BENCH_READ_RUNTIME:-20}
 COLD_IOS=${TESSERA_BENCH_READ_COLD_IOS:-$(( SIZE_MB / 4 > 64 ? SIZE_MB / 4 : 64 ))}
 WARM_IOS=$(( SIZE_MB * 64 ))   # a quarter of the file's 4 KiB blocks, each read once
 JSON_OUT=${TESSERA_BENCH_JSON:-}
+NYDUS=${TESSERA_BENCH_NYDUS:-on}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TESSERA=${TESSERA_BIN:-$ROOT/target/release/tessera}
+NYDUS_BIN=${TESSERA_NYDUS_BIN_DIR:-$ROOT/target/tools/nydus/bin}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-read.XXXXXX")
 MNT=$WORK/mnt
+NMNT=$WORK/nydus-mnt
 REG_PID=""
 AGENT_PID=""
+NYDUSD_PID=""
 NS=""   # the registry's network namespace, when the link is capped
 stop_agent() {
     [ -n "$AGENT_PID" ] || return 0
@@ -50,8 +64,23 @@ stop_agent() {
     wait "$AGENT_PID" 2>/dev/null || true
     AGENT_PID=""
 }
+# Unmounts first (a read in flight then fails rather than hangs), then ends the daemon:
+# SIGTERM, and SIGKILL if it is still there after 5 s.
+stop_nydusd() {
+    [ -n "$NYDUSD_PID" ] || return 0
+    umount "$NMNT" 2>/dev/null || umount -l "$NMNT" 2>/dev/null || true
+    kill "$NYDUSD_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$NYDUSD_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$NYDUSD_PID" 2>/dev/null || true
+    wait "$NYDUSD_PID" 2>/dev/null || true
+    NYDUSD_PID=""
+}
 cleanup() {
     fusermount3 -u -z "$MNT" 2>/dev/null || true
+    stop_nydusd
+    # A nydusd that died on its own leaves its mount behind ("transport endpoint is not
+    # connected"), which rm -rf could not remove.
+    if grep -qs " $NMNT " /proc/mounts; then umount -l "$NMNT" 2>/dev/null || true; fi
     stop_agent
     if [ -n "$REG_PID" ]; then kill "$REG_PID" 2>/dev/null || true; wait "$REG_PID" 2>/dev/null || true; fi
     # Deleting the namespace deletes its end of the veth, and with it ours.
@@ -64,6 +93,18 @@ for tool in docker-registry skopeo umoci curl python3 fusermount3; do
 done
 command -v fio >/dev/null || {
     echo "missing fio (the random-read runs): apt-get install fio, or run make test-deps" >&2; exit 1; }
+case $NYDUS in
+on)
+    for tool in nydusd nydus-image; do
+        [ -x "$NYDUS_BIN/$tool" ] || {
+            echo "missing $NYDUS_BIN/$tool (nydus 2.2.0, the side-by-side rows): run make nydus-deps" \
+                "(or set TESSERA_NYDUS_BIN_DIR; TESSERA_BENCH_NYDUS=off measures Tessera alone)" >&2
+            exit 1
+        }
+    done ;;
+off) ;;
+*) echo "TESSERA_BENCH_NYDUS=$NYDUS: on or off" >&2; exit 1 ;;
+esac
 [ -x "$TESSERA" ] || (cd "$ROOT" && cargo build --release -p tessera-agent --bin tessera)
 step() { printf '[read] %s\n' "$*" >&2; }
 
@@ -130,6 +171,40 @@ DOCKER_CONFIG="$WORK" "$TESSERA" convert "$REG/src/big:v1" "$IMAGE" \
 BLOB=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["images"][0]["build"]["new_blob"]["digest"])' "$WORK/convert.json")
 BLOB_URL=http://$REG/v2/tessera/big/blobs/$BLOB
 BLOB_BYTES=$(curl -sfI "$BLOB_URL" | tr -d '\r' | awk -F': ' 'tolower($1)=="content-length"{print $2}')
+
+# Pushes FILE as blob sha256:HEX of REPO: the distribution API's monolithic upload (POST
+# opens an upload, PUT ?digest= sends every byte and closes it).
+push_blob() {
+    local repo=$1 file=$2 hex=$3 loc
+    loc=$(curl -sf -X POST -D - -o /dev/null "http://$REG/v2/$repo/blobs/uploads/" |
+        tr -d '\r' | awk -F': ' 'tolower($1)=="location"{print $2}')
+    [ -n "$loc" ] || { echo "the registry opened no upload for $repo" >&2; exit 1; }
+    case $loc in /*) loc=http://$REG$loc ;; esac
+    case $loc in *\?*) loc="$loc&digest=sha256:$hex" ;; *) loc="$loc?digest=sha256:$hex" ;; esac
+    curl -sf -X PUT -H 'Content-Type: application/octet-stream' -T "$file" "$loc" >/dev/null
+}
+NYDUS_BLOB_BYTES=0
+if [ "$NYDUS" = on ]; then
+    step "building the Nydus image from the same tree (RAFS v6, zstd, 1 MiB chunks), pushing its blob"
+    # --chunk-size is read as hexadecimal. With --blob-dir the blob is named by its sha256,
+    # which the bootstrap records as its blob id and nydusd's registry backend fetches as
+    # /v2/<repo>/blobs/sha256:<blob id>.
+    mkdir -p "$WORK/nydus-blobs"
+    "$NYDUS_BIN/nydus-image" create --log-level warn --type dir-rafs --fs-version 6 \
+        --compressor zstd --chunk-size 0x100000 --bootstrap "$WORK/nydus-bootstrap" \
+        --blob-dir "$WORK/nydus-blobs" --output-json "$WORK/nydus-build.json" "$WORK/rootfs" \
+        >"$WORK/nydus-image.log" 2>&1 || {
+        echo "nydus-image create failed; its output:" >&2; cat "$WORK/nydus-image.log" >&2; exit 1; }
+    NYDUS_BLOB=$(python3 -c 'import json,sys; b=json.load(open(sys.argv[1]))["blobs"]; assert len(b)==1, b; print(b[0])' "$WORK/nydus-build.json")
+    [ "$(sha256sum <"$WORK/nydus-blobs/$NYDUS_BLOB" | cut -d' ' -f1)" = "$NYDUS_BLOB" ] || {
+        echo "nydus-image: blob $NYDUS_BLOB is not named by the sha256 of its bytes" >&2; exit 1; }
+    push_blob nydus/big "$WORK/nydus-blobs/$NYDUS_BLOB" "$NYDUS_BLOB"
+    NYDUS_BLOB_BYTES=$(curl -sfI "http://$REG/v2/nydus/big/blobs/sha256:$NYDUS_BLOB" |
+        tr -d '\r' | awk -F': ' 'tolower($1)=="content-length"{print $2}')
+    [ "$NYDUS_BLOB_BYTES" = "$(stat -c %s "$WORK/nydus-blobs/$NYDUS_BLOB")" ] || {
+        echo "the registry does not serve the Nydus blob it was sent" >&2; exit 1; }
+    rm -rf "$WORK/nydus-blobs"
+fi
 sync -f "$NATIVE"
 
 now() { date +%s.%N; }
@@ -149,6 +224,45 @@ start_agent() { # a fresh agent with an empty chunk cache
 mount_image() { mkdir -p "$MNT"; "$TESSERA" mount --socket "$WORK/agent.sock" "$IMAGE" "$MNT" >/dev/null; }
 umount_image() { "$TESSERA" umount --socket "$WORK/agent.sock" "$MNT" >/dev/null; }
 status_json() { "$TESSERA" status --socket "$WORK/agent.sock" --json >"$1"; }
+
+# nydusd as a FUSE server on $NMNT, its blobcache in CACHE_DIR (the caller empties it for a
+# cold run and keeps it for a warm one). Nydus's defaults otherwise: no prefetch, reads
+# amplified to 128 KiB, chunk digests not validated, 4 FUSE threads. --rlimit-nofile 0
+# keeps the open-files limit as it is: nydusd's default raises it to 1,000,000, which
+# fails (EPERM) where the hard limit is lower and cannot be raised, as in a container.
+start_nydusd() {
+    local cache=$1
+    stop_nydusd
+    mkdir -p "$cache" "$NMNT"
+    rm -f "$WORK/nydusd.sock"
+    cat >"$WORK/nydusd.json" <<JSON
+{
+  "device": {
+    "backend": {"type": "registry",
+                "config": {"scheme": "http", "host": "$REG", "repo": "nydus/big", "skip_verify": true}},
+    "cache": {"type": "blobcache", "config": {"work_dir": "$cache"}}
+  },
+  "mode": "direct",
+  "fs_prefetch": {"enable": false}
+}
+JSON
+    "$NYDUS_BIN/nydusd" --config "$WORK/nydusd.json" --bootstrap "$WORK/nydus-bootstrap" \
+        --mountpoint "$NMNT" --apisock "$WORK/nydusd.sock" --log-level warn --rlimit-nofile 0 \
+        >>"$WORK/nydusd.log" 2>&1 &
+    NYDUSD_PID=$!
+    # Polled finely: nydusd's first-byte figure includes this wait. Its API socket
+    # appears once the mount is served.
+    for _ in $(seq 1000); do
+        grep -qs " $NMNT " /proc/mounts && [ -S "$WORK/nydusd.sock" ] && return
+        kill -0 "$NYDUSD_PID" 2>/dev/null || break
+        sleep 0.01
+    done
+    echo "nydusd did not mount $NMNT; its log:" >&2; cat "$WORK/nydusd.log" >&2; exit 1
+}
+# What nydusd's registry backend fetched since it started (bytes on the wire, requests).
+nydus_metrics() {
+    curl -sf --unix-socket "$WORK/nydusd.sock" http://localhost/api/v1/metrics/backend >"$1"
+}
 
 # One fio job: random 4 KiB reads of FILE by one reader at queue depth 1, always the same
 # seed (so every cold run reads the same offsets). NAME names its JSON; the rest are fio
@@ -179,6 +293,21 @@ for rep in $(seq "$REPS"); do
     t0=$(now); cat "$MNT/data/big.bin" >/dev/null; t1=$(now)
     record chunk_cache "$(elapsed "$t0" "$t1")"
     umount_image
+    if [ "$NYDUS" = on ]; then
+        # The same reads through nydusd: an empty blobcache, the same mount again, then a
+        # new nydusd over the blobcache the first one filled.
+        rm -rf "$WORK/nydus-cache"
+        t0=$(now); start_nydusd "$WORK/nydus-cache"; head -c 1 "$NMNT/data/big.bin" >/dev/null; t1=$(now)
+        record nydus_first_byte "$(elapsed "$t0" "$t1")"
+        t0=$(now); cat "$NMNT/data/big.bin" >/dev/null; t1=$(now)
+        record nydus_cold "$(elapsed "$t0" "$t1")"
+        t0=$(now); cat "$NMNT/data/big.bin" >/dev/null; t1=$(now)
+        record nydus_page_cache "$(elapsed "$t0" "$t1")"
+        start_nydusd "$WORK/nydus-cache"
+        t0=$(now); cat "$NMNT/data/big.bin" >/dev/null; t1=$(now)
+        record nydus_blobcache "$(elapsed "$t0" "$t1")"
+        stop_nydusd
+    fi
     cat "$NATIVE" >/dev/null   # into the page cache, as the warm mount's data is
     t0=$(now); cat "$NATIVE" >/dev/null; t1=$(now)
     record native "$(elapsed "$t0" "$t1")"
@@ -190,6 +319,14 @@ mount_image
 fio_rand cold "$MNT/data/big.bin" --number_ios="$COLD_IOS" --runtime=120 --invalidate=1
 status_json "$WORK/status-cold.json"
 umount_image
+if [ "$NYDUS" = on ]; then
+    step "random 4K, cold: $COLD_IOS reads through a fresh nydusd, an empty blobcache"
+    rm -rf "$WORK/nydus-cache"
+    start_nydusd "$WORK/nydus-cache"
+    fio_rand nydus_cold "$NMNT/data/big.bin" --number_ios="$COLD_IOS" --runtime=120 --invalidate=1
+    nydus_metrics "$WORK/nydus-backend-cold.json"
+    stop_nydusd
+fi
 step "random 4K, cold: the native file, its pages dropped (fadvise), the same offsets"
 fio_rand native_cold "$NATIVE" --number_ios="$COLD_IOS" --runtime=120 --invalidate=1
 step "random 4K, cold: $COLD_IOS HTTP Range GETs of the blob"
@@ -223,12 +360,28 @@ fio_rand chunk_cache "$MNT/data/big.bin" --number_ios="$WARM_IOS" --runtime="$RU
 status_json "$WORK/status-chunk-cache.json"
 umount_image
 stop_agent
+if [ "$NYDUS" = on ]; then
+    # Over the blobcache the cold random run began, as the agent's chunk cache above.
+    start_nydusd "$WORK/nydus-cache"
+    cat "$NMNT/data/big.bin" >/dev/null
+    fio_rand nydus_page_cache "$NMNT/data/big.bin" --number_ios="$WARM_IOS" --runtime="$RUNTIME" --invalidate=0
+    start_nydusd "$WORK/nydus-cache"
+    fio_rand nydus_blobcache "$NMNT/data/big.bin" --number_ios="$WARM_IOS" --runtime="$RUNTIME" --invalidate=0
+    nydus_metrics "$WORK/nydus-backend-blobcache.json"
+    stop_nydusd
+fi
 cat "$NATIVE" >/dev/null
 fio_rand native "$NATIVE" --number_ios="$WARM_IOS" --runtime="$RUNTIME" --invalidate=0
 
-python3 - "$ROOT/benches" "$WORK" "$SIZE_MB" "$BLOB_BYTES" "$REPS" "$RUNTIME" "$COLD_IOS" "$WARM_IOS" "$JSON_OUT" "$CAP" <<'PY'
+# The version cargo installed (the binaries themselves print "unknown": their build
+# script asks git, and a crates.io source is no git checkout).
+NYDUS_VERSION=$(grep -o 'nydus-rs [0-9][0-9.]*' "$NYDUS_BIN/../.crates.toml" 2>/dev/null | cut -d' ' -f2 || true)
+python3 - "$ROOT/benches" "$WORK" "$SIZE_MB" "$BLOB_BYTES" "$REPS" "$RUNTIME" "$COLD_IOS" "$WARM_IOS" "$JSON_OUT" "$CAP" \
+    "$NYDUS" "${NYDUS_VERSION:-unknown}" "$NYDUS_BLOB_BYTES" <<'PY'
 import json, os, statistics, sys
-benches, work, size_mb, blob_bytes, reps, runtime, cold_ios, warm_ios, json_out, cap = sys.argv[1:]
+(benches, work, size_mb, blob_bytes, reps, runtime, cold_ios, warm_ios, json_out, cap,
+ nydus, nydus_version, nydus_blob_bytes) = sys.argv[1:]
+nydus_on = nydus == "on"
 sys.path.insert(0, benches)
 from scenarios import read
 
@@ -263,6 +416,17 @@ def origin(status_file):
     return {"origin_wire_bytes": pull["origin_wire_bytes"], "chunks_fetched": pull["chunks_fetched"]}
 
 
+def nydus_origin(metrics_file):
+    """What nydusd's registry backend fetched during a run (its /api/v1/metrics/backend)."""
+    m = json.load(open(os.path.join(work, metrics_file)))
+    return {"origin_wire_bytes": m["read_amount_total"], "origin_requests": m["read_count"]}
+
+
+def both(tessera_row, nydus_row):
+    """The Tessera row, then nydusd's measured the same way when nydusd ran."""
+    return [tessera_row] + ([nydus_row()] if nydus_on else [])
+
+
 http = json.load(open(os.path.join(work, "http-rand.json")))
 lat = sorted(http["latencies"])
 pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6
@@ -274,29 +438,55 @@ http_row = {"method": "HTTP 4K Range GETs of the blob", "pattern": "random 4K", 
 
 CURL, NATIVE = "curl of the blob", "native file, page cache"
 NATIVE_RAND = "native file, page cache"
+HTTP, DISK = http_row["method"], "native file, pages dropped (disk)"
+T_COLD, N_COLD = "tessera mount, cold (empty cache)", "nydusd mount, cold (empty blobcache)"
+T_PAGE, N_PAGE = ("tessera mount, warm: same mount (page cache)",
+                  "nydusd mount, warm: same mount (page cache)")
+T_CHUNK, N_BLOB = ("tessera mount, warm: fresh mount (chunk cache)",
+                   "nydusd mount, warm: fresh mount (blobcache)")
+# Each Tessera mount row and the nydusd row measured the same way, for "vs nydusd".
+PAIRS = {T_COLD: N_COLD, T_PAGE: N_PAGE, T_CHUNK: N_BLOB}
 rows = [
     seq_row(CURL, "curl", "cold", CURL),
-    seq_row("tessera mount, cold (empty cache)", "cold", "cold", CURL),
+    *both(seq_row(T_COLD, "cold", "cold", CURL), lambda: seq_row(N_COLD, "nydus_cold", "cold", CURL)),
     seq_row(NATIVE, "native", "warm", NATIVE),
-    seq_row("tessera mount, warm: same mount (page cache)", "page_cache", "warm", NATIVE),
-    seq_row("tessera mount, warm: fresh mount (chunk cache)", "chunk_cache", "warm", NATIVE),
+    *both(seq_row(T_PAGE, "page_cache", "warm", NATIVE),
+          lambda: seq_row(N_PAGE, "nydus_page_cache", "warm", NATIVE)),
+    *both(seq_row(T_CHUNK, "chunk_cache", "warm", NATIVE),
+          lambda: seq_row(N_BLOB, "nydus_blobcache", "warm", NATIVE)),
     http_row,
-    fio_row("native file, pages dropped (disk)", "native_cold", "cold",
-            "native file, pages dropped (disk)"),
-    dict(fio_row("tessera mount, cold (empty cache)", "cold", "cold", http_row["method"]),
-         **origin("status-cold.json")),
+    fio_row(DISK, "native_cold", "cold", DISK),
+    *both(dict(fio_row(T_COLD, "cold", "cold", HTTP), **origin("status-cold.json")),
+          lambda: dict(fio_row(N_COLD, "nydus_cold", "cold", HTTP),
+                       **nydus_origin("nydus-backend-cold.json"))),
     fio_row(NATIVE_RAND, "native", "warm", NATIVE_RAND),
-    fio_row("tessera mount, warm: same mount (page cache)", "page_cache", "warm", NATIVE_RAND),
-    dict(fio_row("tessera mount, warm: fresh mount (chunk cache)", "chunk_cache", "warm",
-                 NATIVE_RAND), **origin("status-chunk-cache.json")),
+    *both(fio_row(T_PAGE, "page_cache", "warm", NATIVE_RAND),
+          lambda: fio_row(N_PAGE, "nydus_page_cache", "warm", NATIVE_RAND)),
+    *both(dict(fio_row(T_CHUNK, "chunk_cache", "warm", NATIVE_RAND), **origin("status-chunk-cache.json")),
+          lambda: dict(fio_row(N_BLOB, "nydus_blobcache", "warm", NATIVE_RAND),
+                       **nydus_origin("nydus-backend-blobcache.json"))),
 ]
 by = {(r["pattern"], r["method"]): r for r in rows}
 for r in rows:
     base = by[(r["pattern"], r["baseline"])]
+    nyd = by.get((r["pattern"], PAIRS.get(r["method"])))
+    # Both ratios above 1 when this row is the faster: time for sequential, IOPS for random.
     if r["pattern"] == "sequential":
         r["vs_baseline"] = base["seconds"] / r["seconds"]
+        if nyd:
+            r["vs_nydusd"] = nyd["seconds"] / r["seconds"]
     else:
         r["vs_baseline"] = r["iops"] / base["iops"]
+        if nyd:
+            r["vs_nydusd"] = r["iops"] / nyd["iops"]
+if nydus_on:
+    nydusd = {"version": nydus_version, "blob_bytes": int(nydus_blob_bytes),
+              "first_byte_seconds": med["nydus_first_byte"],
+              "image": "nydus-image create --type dir-rafs --fs-version 6 --compressor zstd "
+                       "--chunk-size 0x100000",
+              "config": json.load(open(os.path.join(work, "nydusd.json")))}
+else:
+    nydusd = {"skipped": "TESSERA_BENCH_NYDUS=off"}
 result = {
     "scenario": "read",
     "registry_cap": cap,
@@ -309,6 +499,7 @@ result = {
     "random_warm_reads": int(warm_ios),
     "random_warm_max_seconds": int(runtime),
     "fio_version": os.popen("fio --version").read().strip(),
+    "nydusd": nydusd,
     "rows": rows,
 }
 if json_out:
