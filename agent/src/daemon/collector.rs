@@ -90,6 +90,11 @@ impl Collector for AgentCollector {
                 cache.entries as i64,
             ),
             (
+                "tessera_agent_cache_backing_bytes",
+                "Bytes of FUSE passthrough backing files (copies of cached chunks, within the capacity)",
+                cache.backing_bytes as i64,
+            ),
+            (
                 "tessera_agent_cache_unverified_chunks",
                 "Chunks written after the last checkpoint before a crash, verified when first read",
                 cache.unverified as i64,

@@ -307,6 +307,8 @@ class FullValues(unittest.TestCase):
     def test_graceful_termination(self):
         self.assertEqual(self.agent_pod["terminationGracePeriodSeconds"], 90)
         self.assertEqual(self.config["shutdown_grace_secs"], 20)
+        self.assertEqual(self.config["passthrough"], False)
+        self.assertEqual(self.config["scrub"], {"bytes_per_sec": "64M", "every_hours": 6})
         # The defaults leave the agent time to unmount after its grace.
         defaults = render()
         grace = tomllib.loads(defaults.agent_config_text())["shutdown_grace_secs"]

@@ -188,6 +188,11 @@ cache_dir = {{ $paths.cache | toJson }}
 cache_capacity = {{ include "tessera.tomlSize" $a.cache.capacity }}
 prefetch = {{ $a.prefetch | toJson }}
 shutdown_grace_secs = {{ int64 $a.shutdownGraceSeconds }}
+passthrough = {{ $a.cache.passthrough }}
+
+[scrub]
+bytes_per_sec = {{ include "tessera.tomlSize" $a.cache.scrubBytesPerSec }}
+every_hours = {{ int64 $a.cache.scrubEveryHours }}
 
 [fetch]
 merge_bytes = {{ include "tessera.tomlSize" $a.fetch.mergeBytes }}
