@@ -360,8 +360,14 @@ pub struct FetchConfig {
     pub retries: u32,
     /// Threads serving FUSE reads of each mount.
     pub workers: usize,
-    /// Chunks prefetched at once (on-demand reads are never limited by it).
+    /// Requests a prefetch or preheat keeps in flight at once (on-demand reads are
+    /// never limited by it).
     pub prefetch_concurrency: usize,
+    /// A prefetch or preheat fetches missing neighbours together up to this many bytes
+    /// per request (a reader's misses use `merge_bytes`): a prefetch list arrives in a
+    /// few large requests, and reads of its chunks wait for them.
+    #[serde(with = "size")]
+    pub stream_bytes: u64,
     /// Recently read chunks kept in memory (the kernel reads a chunk in several
     /// requests; each should not cost a disk read and a digest).
     #[serde(with = "size")]
@@ -381,6 +387,7 @@ impl Default for FetchConfig {
             retries: 4,
             workers: 16,
             prefetch_concurrency: 2,
+            stream_bytes: 4 << 20,
             memory_bytes: 64 << 20,
             slow_read_ms: 1000,
         }

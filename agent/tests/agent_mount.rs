@@ -1205,7 +1205,13 @@ fn warm_reads_read_only_what_they_ask_and_cache_verify_drops_damaged_chunks() {
     let registry = Registry::start();
     let proxy = FaultProxy::start(&registry.addr);
     let reference = converted(t.path(), &layout, &registry, &proxy);
-    let mut agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    // Without passthrough, which would serve these reads in the kernel (its own test).
+    let config = t.path().join("agent.toml");
+    std::fs::write(&config, "passthrough = false\n").unwrap();
+    let mut agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--prefetch", "none", "--config", s(&config)],
+    );
     let mnt = mountpoint(t.path(), "mnt");
     agent.ok(&["mount", &reference, s(&mnt)]);
     assert_files_read(&mnt, &files, "cold", &agent);

@@ -329,6 +329,8 @@ pub enum PeerChoice {
 pub struct Peer {
     pub id: HostId,
     pub address: SocketAddr,
+    /// It holds the whole blob: worth asking again for other ranges of it.
+    pub whole_blob: bool,
 }
 
 /// Longest wait a scheduler may ask for; more is a broken or hostile answer.
@@ -356,6 +358,7 @@ impl TryFrom<pb::FindPeersResponse> for PeerChoice {
                                     format!("{:?} is not host:port", p.address),
                                 )
                             })?,
+                            whole_blob: p.whole_blob,
                         })
                     })
                     .collect::<Result<Vec<_>, Invalid>>()?;
@@ -616,6 +619,7 @@ mod tests {
         let peer = |id: &str, addr: &str| pb::Peer {
             host_id: id.into(),
             address: addr.into(),
+            whole_blob: true,
         };
         let answer = |action: pb::Action, peers: Vec<pb::Peer>, wait_ms: u64| {
             PeerChoice::try_from(pb::FindPeersResponse {
@@ -628,7 +632,8 @@ mod tests {
             answer(pb::Action::Peers, vec![peer("b", "10.0.0.2:7081")], 0).unwrap(),
             PeerChoice::Peers(vec![Peer {
                 id: HostId("b".into()),
-                address: "10.0.0.2:7081".parse().unwrap()
+                address: "10.0.0.2:7081".parse().unwrap(),
+                whole_blob: true,
             }])
         );
         assert_eq!(

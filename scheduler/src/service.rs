@@ -105,9 +105,10 @@ impl pb::scheduler_server::Scheduler for SchedulerService {
                 action: pb::Action::Peers.into(),
                 peers: peers
                     .into_iter()
-                    .map(|(id, addr)| pb::Peer {
+                    .map(|(id, addr, whole_blob)| pb::Peer {
                         host_id: id.0,
                         address: addr.to_string(),
+                        whole_blob,
                     })
                     .collect(),
                 wait_ms: 0,

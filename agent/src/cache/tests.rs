@@ -212,7 +212,22 @@ fn chunks_written_after_the_last_checkpoint_are_verified_before_they_are_served(
         }
     }
     let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
-    assert_eq!(cache.stats().unverified, 2);
+    let trust: Vec<_> = all
+        .iter()
+        .map(|(key, _)| {
+            let modified = fs::metadata(chunk_path(&data_dir, key))
+                .unwrap()
+                .modified()
+                .unwrap();
+            (cache.slot(key).map(|s| s.trusted), modified)
+        })
+        .collect();
+    assert_eq!(
+        cache.stats().unverified,
+        2,
+        "trusted before {:?}; (trusted, modified) by chunk: {trust:?}",
+        last_checkpoint(dir.path())
+    );
     // The torn unverified chunk is caught by its first read, even a partial one.
     assert_eq!(cache.read(&all[2].0, 0..16).unwrap(), None);
     assert_eq!(

@@ -100,6 +100,9 @@ pub struct Fetcher {
     flights: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
     /// Units handed out lately.
     memory: Mutex<Memory>,
+    /// Peers holding a whole blob, by blob, as the scheduler named them lately
+    /// (`peers::HOLDERS_FRESH`): a run asks them without a trip to the scheduler.
+    holders: Mutex<HashMap<String, (Vec<tessera_proto::domain::Peer>, Instant)>>,
     /// Locks by key stripe around reads from the store, so that concurrent reads of
     /// one chunk (the kernel asks for a chunk in several requests at once) read it from
     /// disk once and the others find it in memory.
@@ -137,6 +140,7 @@ impl Fetcher {
             peers: None,
             flights: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory::new(config.memory_bytes)),
+            holders: Mutex::new(HashMap::new()),
             store_reads: (0..STORE_READ_STRIPES).map(|_| Mutex::new(())).collect(),
             config,
             metrics,

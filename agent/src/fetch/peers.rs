@@ -48,6 +48,10 @@ pub const BUSY_PAUSE_MAX: Duration = Duration::from_secs(1);
 /// The first such pause.
 const BUSY_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long the holders of a whole blob the scheduler named are asked again for other
+/// runs of that blob without asking the scheduler (a run they fail forgets them sooner).
+pub const HOLDERS_FRESH: Duration = Duration::from_secs(5);
+
 /// What one peer gave for one slice of a run.
 struct Slice {
     peer: Peer,
@@ -108,7 +112,16 @@ impl Fetcher {
                 return;
             }
             let range = span(pending.iter().map(|&i| &run[i].unit));
-            match peers.find(&blob, range).await {
+            let known = self.known_holders(&blob);
+            let remembered = known.is_some();
+            let choice = match known {
+                Some(holders) => Some(PeerChoice::Peers(holders)),
+                None => peers.find(&blob, range).await,
+            };
+            if let (Some(PeerChoice::Peers(named)), false) = (&choice, remembered) {
+                self.remember_holders(&blob, named);
+            }
+            match choice {
                 None | Some(PeerChoice::Origin) => return,
                 Some(PeerChoice::Wait(pause)) => {
                     if waited_too_long(pause) {
@@ -121,6 +134,11 @@ impl Fetcher {
                     let round = self
                         .from_these_peers(peers, wanted, &blob, run, &pending, named, outcomes)
                         .await;
+                    if remembered && round.got < pending.len() {
+                        // They no longer hold it all, or failed: ask the scheduler.
+                        self.forget_holders(&blob);
+                        continue;
+                    }
                     if round.got > 0 {
                         continue;
                     }
@@ -145,6 +163,37 @@ impl Fetcher {
                 }
             }
         }
+    }
+
+    /// The whole-blob holders of `blob` the scheduler named lately, if any.
+    fn known_holders(&self, blob: &str) -> Option<Vec<Peer>> {
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        match holders.get(blob) {
+            Some((named, at)) if at.elapsed() < HOLDERS_FRESH => Some(named.clone()),
+            Some(_) => {
+                holders.remove(blob);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Keeps those of `named` that hold the whole blob, to ask them for its next runs.
+    fn remember_holders(&self, blob: &str, named: &[Peer]) {
+        let whole: Vec<Peer> = named.iter().filter(|p| p.whole_blob).cloned().collect();
+        let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
+        if whole.is_empty() {
+            holders.remove(blob);
+        } else {
+            holders.insert(blob.to_string(), (whole, Instant::now()));
+        }
+    }
+
+    fn forget_holders(&self, blob: &str) {
+        self.holders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(blob);
     }
 
     /// Fetches `pending` units of the run from `named`, in parallel slices, rotating

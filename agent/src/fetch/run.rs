@@ -40,6 +40,19 @@ impl Fetcher {
         wanted: &dyn Wanted,
         first: Unit,
     ) -> Arc<[Planned]> {
+        self.plan_run_up_to(flights, wanted, first, self.config.merge_bytes, |_| true)
+    }
+
+    /// [`plan_run`](Self::plan_run) within `max_bytes` instead, taking only units
+    /// `may_join` accepts.
+    pub(super) fn plan_run_up_to(
+        &self,
+        flights: &mut HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>,
+        wanted: &dyn Wanted,
+        first: Unit,
+        max_bytes: u64,
+        may_join: impl Fn(&Unit) -> bool,
+    ) -> Arc<[Planned]> {
         let mut planned = vec![first];
         let mut end = first.range().1;
         let mut bytes = u64::from(first.stored_size);
@@ -47,7 +60,8 @@ impl Fetcher {
         while let Some(next) = wanted.next_in_blob(&last) {
             let size = u64::from(next.stored_size);
             if next.offset != end
-                || bytes + size > self.config.merge_bytes
+                || bytes + size > max_bytes
+                || !may_join(&next)
                 || flights.contains_key(&next.key)
                 || planned.iter().any(|u| u.key == next.key)
                 || self.store.contains(&next.key)

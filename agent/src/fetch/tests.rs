@@ -128,6 +128,8 @@ enum Behaviour {
     Lies,
     /// The connection fails.
     Fails,
+    /// Holds only this unit, skipping the others as a real peer does.
+    ServesOnly(u32),
 }
 
 struct FakePeers {
@@ -146,6 +148,15 @@ fn peer(n: u8) -> Peer {
     Peer {
         id: HostId(format!("peer-{n}")),
         address: SocketAddr::from(([127, 0, 0, n], 9000)),
+        whole_blob: false,
+    }
+}
+
+/// Peer `n`, holding the whole blob.
+fn whole_holder(n: u8) -> Peer {
+    Peer {
+        whole_blob: true,
+        ..peer(n)
     }
 }
 
@@ -244,6 +255,13 @@ impl Peers for FakePeers {
             let stream = match behaviour {
                 Behaviour::Serves => FakeStream {
                     items: units(false),
+                    stalls: false,
+                },
+                Behaviour::ServesOnly(only) => FakeStream {
+                    items: units(false)
+                        .into_iter()
+                        .filter(|u| u.as_ref().is_ok_and(|u| u.digest == key_of(only).digest))
+                        .collect(),
                     stalls: false,
                 },
                 Behaviour::BusyFor(_) => return Err(PeerFailure::Busy),
@@ -385,9 +403,11 @@ impl Wanted for FakeWanted {
     }
 }
 
+/// Runs of readers and of `fetch_all` alike within `merge_units` units.
 fn config(merge_units: u64) -> FetchConfig {
     FetchConfig {
         merge_bytes: merge_units * u64::from(UNIT),
+        stream_bytes: merge_units * u64::from(UNIT),
         ..FetchConfig::default()
     }
 }
@@ -629,6 +649,49 @@ async fn a_stalling_peer_is_abandoned_after_its_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn whole_blob_holders_are_asked_again_without_the_scheduler_until_they_fail() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![whole_holder(1)])],
+        &[(1, Behaviour::Serves)],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    for i in [1, 3, 5] {
+        assert_eq!(data(bed.get(i).await), unit_bytes(i));
+    }
+    assert_eq!(
+        peers.finds.load(Ordering::SeqCst),
+        1,
+        "one scheduler trip for three runs"
+    );
+    // Kept only for a while: then the scheduler is asked again.
+    tokio::time::sleep(super::peers::HOLDERS_FRESH).await;
+    assert_eq!(data(bed.get(6).await), unit_bytes(6));
+    assert_eq!(peers.finds.load(Ordering::SeqCst), 2);
+    assert!(bed.origin.ranges().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_remembered_holder_that_fails_sends_the_next_run_to_the_scheduler() {
+    let peers = swarm(
+        vec![
+            PeerChoice::Peers(vec![whole_holder(1)]),
+            PeerChoice::Peers(vec![peer(2)]),
+        ],
+        &[(1, Behaviour::ServesOnly(1)), (2, Behaviour::Serves)],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    assert_eq!(data(bed.get(1).await), unit_bytes(1));
+    // Peer 1 no longer has unit 4: the scheduler is asked, and names peer 2.
+    assert_eq!(data(bed.get(4).await), unit_bytes(4));
+    bed.settle().await;
+    assert_eq!(peers.finds.load(Ordering::SeqCst), 2);
+    assert!(bed.origin.ranges().is_empty());
+    // Peer 2 is not a whole holder: not remembered.
+    assert_eq!(data(bed.get(6).await), unit_bytes(6));
+    assert_eq!(peers.finds.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_peers_leave_the_unit_to_the_origin() {
     let peers = swarm(
         vec![PeerChoice::Peers(vec![peer(1)])],
@@ -762,11 +825,74 @@ async fn fetch_all_keeps_to_its_concurrency() {
     let mut done = Vec::new();
     bed.fetcher
         .fetch_all(&wanted, units, 3, |unit, outcome| {
-            assert_eq!(*outcome.unwrap().data, unit_bytes(unit.index));
+            outcome.unwrap();
             done.push(unit.index);
         })
         .await;
     done.sort_unstable();
     assert_eq!(done, (0..10).collect::<Vec<_>>());
     assert_eq!(bed.origin.most.load(Ordering::SeqCst), 3);
+    for i in 0..10 {
+        assert_eq!(
+            bed.store.get(&key_of(i)).unwrap(),
+            Some(unit_bytes(i)),
+            "unit {i} stored"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn fetch_all_streams_in_large_runs_and_readers_wait_for_the_stream() {
+    let origin = FakeOrigin {
+        latency: Duration::from_millis(50),
+        ..FakeOrigin::new(12)
+    };
+    let mut bed = Bed::new(12, 1, origin, None);
+    // Readers merge one unit; the stream takes eight.
+    bed.fetcher = Arc::new(Fetcher::new(
+        bed.store.clone(),
+        FetchConfig {
+            stream_bytes: 8 * u64::from(UNIT),
+            ..config(1)
+        },
+        Arc::new(FetchMetrics::default()),
+    ));
+    // Unit 11 is stored already: done without a request or a read.
+    bed.store.put(&key_of(11), &unit_bytes(11)).unwrap();
+    let wanted: Arc<dyn Wanted> = bed.wanted.clone();
+    // Unit 9 is not asked for: the stream stops before it.
+    let units: Vec<Unit> = (0..12)
+        .filter(|&i| i != 9)
+        .map(|i| bed.wanted.unit(i))
+        .collect();
+    let streaming = {
+        let (fetcher, wanted) = (bed.fetcher.clone(), wanted.clone());
+        tokio::spawn(async move {
+            let mut done = Vec::new();
+            fetcher
+                .fetch_all(&wanted, units, 1, |unit, outcome| {
+                    outcome.unwrap();
+                    done.push(unit.index);
+                })
+                .await;
+            done
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // A reader of a unit the stream is bringing waits for it.
+    let read = bed.get(5).await.unwrap();
+    assert_eq!(*read.data, unit_bytes(5));
+    let mut done = streaming.await.unwrap();
+    done.sort_unstable();
+    assert_eq!(done, [0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11]);
+    assert_eq!(
+        bed.origin.ranges(),
+        [(0, 8000), (8000, 9000), (10000, 11000)],
+        "streamed requests of the units asked for, none of the reader's own"
+    );
+    assert_eq!(
+        bed.store.gets.load(Ordering::SeqCst),
+        0,
+        "nothing read back"
+    );
 }

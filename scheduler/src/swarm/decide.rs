@@ -14,8 +14,8 @@ use super::{BlobIx, Flight, HostState, Slot, Swarm, UnknownHost};
 /// The scheduler's answer to "who has this range".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Fetch from these, in order.
-    Peers(Vec<(HostId, SocketAddr)>),
+    /// Fetch from these, in order; each with whether it holds the whole blob.
+    Peers(Vec<(HostId, SocketAddr, bool)>),
     /// Nobody holds it: this host is one of the few to fetch it from the origin.
     Origin,
     /// Others are fetching it from the origin: ask again after this long.
@@ -49,8 +49,11 @@ impl Swarm {
         self.state_mut(first).offered += 1;
         let peers = candidates
             .iter()
-            .filter_map(|slot| self.state(*slot))
-            .map(|h| (h.host.id.clone(), h.host.address))
+            .filter_map(|&slot| {
+                let whole = self.holds_whole(ix, slot);
+                self.state(slot)
+                    .map(|h| (h.host.id.clone(), h.host.address, whole))
+            })
             .collect();
         Ok(Decision::Peers(peers))
     }

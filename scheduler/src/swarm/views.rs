@@ -232,7 +232,7 @@ impl Swarm {
     }
 
     /// Whether `slot` holds all of blob `ix` (its size known).
-    fn holds_whole(&self, ix: BlobIx, slot: Slot) -> bool {
+    pub(super) fn holds_whole(&self, ix: BlobIx, slot: Slot) -> bool {
         let blob = &self.blobs[ix as usize];
         let (Some(size), Some(&i)) = (blob.size, blob.position.get(&slot)) else {
             return false;
