@@ -664,7 +664,7 @@ async fn whole_blob_holders_are_asked_again_without_the_scheduler_until_they_fai
         "one scheduler trip for three runs"
     );
     // Kept only for a while: then the scheduler is asked again.
-    tokio::time::sleep(super::peers::HOLDERS_FRESH).await;
+    tokio::time::sleep(peers::HOLDERS_FRESH).await;
     assert_eq!(data(bed.get(6).await), unit_bytes(6));
     assert_eq!(peers.finds.load(Ordering::SeqCst), 2);
     assert!(bed.origin.ranges().is_empty());
