@@ -323,6 +323,25 @@ fn inodes_statfs_xattrs_and_times_are_faithful() {
     }
     assert_eq!(lookups(), before + 1);
 
+    // A directory is listed by the filesystem once; the kernel keeps the listing.
+    let readdirs = || mounted.stats().readdirs.load(Ordering::Relaxed);
+    let list = || {
+        let mut names: Vec<_> = fs::read_dir(mp.join("deep"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let first = list();
+    let before = readdirs();
+    assert_eq!(list(), first);
+    assert_eq!(
+        readdirs(),
+        before,
+        "the second listing came from the kernel's cache"
+    );
+
     let vfs = rustix::fs::statvfs(&mp).unwrap();
     assert_eq!(vfs.f_files, u64::from(bootstrap.inode_count()));
     assert_eq!((vfs.f_bfree, vfs.f_ffree, vfs.f_namemax), (0, 0, 255));

@@ -251,6 +251,19 @@ fn killed_peers_and_a_killed_scheduler_do_not_stop_reads() {
         }
     });
     swarm.scheduler.kill9();
+    // Once they notice (a heartbeat fails), not even the holders they remember are
+    // asked: without a scheduler, nobody hears about bad peers.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while late
+        .iter()
+        .any(|a| a.status()["swarm"]["registered"] != false)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scheduler's death went unnoticed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     std::thread::scope(|scope| {
         for mnt in &mounts {
             scope.spawn(move || read(mnt, tail));
@@ -463,8 +476,9 @@ fn byte_counters_agree_with_the_registry_and_each_other() {
     std::fs::write(&token, DROP_ADMIN_TOKEN).unwrap();
     let state = t.path().join("scheduler-state");
     let mut swarm = Swarm::new(6, 3 << 20, "400mbit", &admin_args(&token, &state));
-    let mut first = swarm.agent(&[]);
-    let second = swarm.agent(&[]);
+    // Every read reaches the agents to be counted (passthrough reads do not).
+    let mut first = swarm.agent(&["--passthrough", "false"]);
+    let second = swarm.agent(&["--passthrough", "false"]);
     wait_registered(&first);
     wait_registered(&second);
     let total = swarm.total();

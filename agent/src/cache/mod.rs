@@ -387,6 +387,19 @@ impl ChunkCache {
         self.answer(key, slot, read)
     }
 
+    /// The chunk's whole bytes checked against its digest now, whatever its trust, for
+    /// bytes that leave the node (a peer's request: the receiver verifies again, but a
+    /// node must not serve what its own disk spoiled); `None` as for [`get`](Self::get),
+    /// and a chunk that fails is dropped.
+    pub fn get_verified(&self, key: &ChunkKey) -> Result<Option<Vec<u8>>> {
+        let Some(slot) = self.slot(key) else {
+            self.misses.fetch_add(1, Relaxed);
+            return Ok(None);
+        };
+        let read = self.read_verified(key, slot);
+        self.answer(key, slot, read)
+    }
+
     /// Bytes `range` of the chunk (the caller keeps it within the chunk's size), read
     /// from its file alone; `None` as for [`get`](Self::get). An untrusted chunk is read
     /// and verified whole first.

@@ -180,6 +180,8 @@ fn verify_drops_a_corrupted_file_instead_of_keeping_it() {
 fn chunks_written_after_the_last_checkpoint_are_verified_before_they_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let all = chunks(4);
+    // Well before the checkpoint, however slow the test runs.
+    let earlier = SystemTime::now() - 2 * CHECKPOINT_SLACK;
     {
         let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();
         cache.put(&all[0].0, &all[0].1).unwrap();
@@ -190,8 +192,7 @@ fn chunks_written_after_the_last_checkpoint_are_verified_before_they_are_served(
                 .write(true)
                 .open(chunk_path(&cache.data_dir, key))
                 .unwrap();
-            file.set_modified(SystemTime::now() - 2 * CHECKPOINT_SLACK)
-                .unwrap();
+            file.set_modified(earlier).unwrap();
         }
         cache.checkpoint().unwrap();
         // Then a crash: these two never reach a checkpoint.
@@ -207,8 +208,7 @@ fn chunks_written_after_the_last_checkpoint_are_verified_before_they_are_served(
         let file = fs::File::options().write(true).open(&path).unwrap();
         file.write_all_at(&torn, 0).unwrap();
         if i == 0 {
-            file.set_modified(SystemTime::now() - 2 * CHECKPOINT_SLACK)
-                .unwrap();
+            file.set_modified(earlier).unwrap();
         }
     }
     let cache = ChunkCache::open(dir.path(), 1 << 20).unwrap();

@@ -56,6 +56,10 @@ pub struct AgentArgs {
     /// 10) before failing what is left with EIO, unmounting and exiting.
     #[arg(long, env = "TESSERA_SHUTDOWN_GRACE", value_name = "SECS")]
     shutdown_grace: Option<u64>,
+    /// Let the kernel read files whose data is all cached straight from the cache's
+    /// disk (FUSE passthrough, Linux 6.9+; default true).
+    #[arg(long, env = "TESSERA_PASSTHROUGH", value_name = "BOOL")]
+    passthrough: Option<bool>,
     /// Join the swarm of this scheduler (`http://host:port`): fetch from peers before
     /// the origin and serve peers.
     #[arg(long, env = "TESSERA_SCHEDULER", value_name = "URL")]
@@ -139,6 +143,9 @@ impl AgentArgs {
         }
         if let Some(v) = self.shutdown_grace {
             c.shutdown_grace_secs = v;
+        }
+        if let Some(v) = self.passthrough {
+            c.passthrough = v;
         }
         if let Some(v) = &self.metrics_listen {
             c.metrics_listen = Some(v.clone());

@@ -95,7 +95,12 @@ impl Agent {
             allow_other: true,
             read_latency: Some(self.fetcher.metrics.fuse_read_seconds.clone()),
             // A recording must see every read, and passthrough reads never reach us.
-            passthrough: self.config.passthrough && record.is_none(),
+            // A mount the keeper holds across restarts cannot have it: the kernel
+            // wants every open of a file open with a backing file to name the same
+            // one, and a session that takes a connection over cannot register any.
+            passthrough: self.config.passthrough
+                && record.is_none()
+                && matches!(attach, Attach::Mount),
         };
         let mount = Mount::attach(
             mounted_image.clone(),

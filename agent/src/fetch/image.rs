@@ -162,10 +162,10 @@ impl ImageChunks {
     }
 
     /// Chunks to read ahead after a read of `chunk` (see [`ReadAhead::after`]).
-    pub fn read_ahead(&self, chunk: u32, window: u64) -> Vec<u32> {
+    pub fn read_ahead(&self, chunk: u32, window: u64) -> (bool, Vec<u32>) {
         match self.bootstrap.chunk(chunk) {
-            Ok(info) => self.ahead.after(info.blob_index, chunk, window),
-            Err(_) => Vec::new(),
+            Ok(info) => self.ahead.step(info.blob_index, chunk, window),
+            Err(_) => (false, Vec::new()),
         }
     }
 

@@ -236,7 +236,8 @@ impl Fetcher {
         if *self.stopped.borrow() {
             return Err(chunk_error(image, &unit, ChunkFailure::Stopped));
         }
-        for next in image.read_ahead(index, window) {
+        let (sequential, ahead) = image.read_ahead(index, window);
+        for next in ahead {
             let (fetcher, image) = (self.clone(), image.clone());
             runtime.spawn(async move {
                 let _ = fetcher.chunk(&image, next).await;
@@ -246,12 +247,19 @@ impl Fetcher {
         if let Some(got) = self.in_memory(&unit) {
             return Ok(ChunkRead::Whole(got.data));
         }
-        if within.len() < unit.size as usize {
-            if let Some(part) = self.part_in_store(&wanted, &unit, within) {
-                return Ok(ChunkRead::Part(part));
+        // A read from the chunk's start, or a sequential reader, will want the rest
+        // of the chunk (read-ahead loads whole chunks into memory): read it whole,
+        // once. A read into the middle of a chunk (random access): just its bytes.
+        if sequential || within.start == 0 || within.len() >= unit.size as usize {
+            if let Some(got) = self.in_store(&wanted, &unit) {
+                return Ok(ChunkRead::Whole(got.data));
             }
-        } else if let Some(got) = self.in_store(&wanted, &unit) {
-            return Ok(ChunkRead::Whole(got.data));
+        } else {
+            match self.part_in_store(&wanted, &unit, within) {
+                Ok(part) => return Ok(ChunkRead::Part(part)),
+                Err(Some(got)) => return Ok(ChunkRead::Whole(got.data)),
+                Err(None) => {}
+            }
         }
         self.reads_waiting.fetch_add(1, Ordering::Relaxed);
         let mut stopped = self.stopped.subscribe();
@@ -273,25 +281,34 @@ impl Fetcher {
     }
 
     /// Blocking: bytes `within` of the unit from the store, reading only those (the
-    /// unit is not kept in memory: the rest of it was not read).
+    /// unit is not kept in memory: the rest of it was not read). `Err(Some)`: the whole
+    /// unit came into memory meanwhile (read-ahead), `Err(None)`: not stored.
     fn part_in_store(
         &self,
         wanted: &Arc<dyn Wanted>,
         unit: &Unit,
         within: std::ops::Range<u32>,
-    ) -> Option<Vec<u8>> {
+    ) -> std::result::Result<Vec<u8>, Option<Fetched>> {
+        // After a whole read of this unit under way (the stripe's lock), which would
+        // leave it in memory: then the disk is not read twice, nor its bytes counted.
+        let _reading = self.store_reads[usize::from(unit.key.digest[0]) % self.store_reads.len()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(got) = self.in_memory(unit) {
+            return Err(Some(got));
+        }
         let started = Instant::now();
         let range = u64::from(within.start)..u64::from(within.end);
         match self.store.read(&unit.key, range) {
             Ok(Some(part)) => {
                 self.served_locally(wanted, &part, started);
-                Some(part)
+                Ok(part)
             }
-            Ok(None) => None,
+            Ok(None) => Err(None),
             Err(e) => {
                 // The index failed: a miss, and the fetch goes on to the network.
                 tracing::warn!(unit = %unit.key, error = %e, "chunk cache read failed");
-                None
+                Err(None)
             }
         }
     }

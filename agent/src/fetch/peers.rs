@@ -112,7 +112,7 @@ impl Fetcher {
                 return;
             }
             let range = span(pending.iter().map(|&i| &run[i].unit));
-            let known = self.known_holders(&blob);
+            let known = self.known_holders(&blob).filter(|_| peers.member());
             let remembered = known.is_some();
             let choice = match known {
                 Some(holders) => Some(PeerChoice::Peers(holders)),

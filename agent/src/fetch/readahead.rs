@@ -40,19 +40,26 @@ impl ReadAhead {
     /// Chunks to read ahead after a read of `chunk` (of blob `blob`): when reads of its
     /// blob go sequentially, the following chunks of the same file, up to `window`
     /// bytes past the read, that no earlier read-ahead has asked for.
+    #[cfg(test)]
     pub(super) fn after(&self, blob: u32, chunk: u32, window: u64) -> Vec<u32> {
+        self.step(blob, chunk, window).1
+    }
+
+    /// Records a read of `chunk`: whether reads of its blob go sequentially, and the
+    /// chunks to read ahead (see [`after`](Self::after)).
+    pub(super) fn step(&self, blob: u32, chunk: u32, window: u64) -> (bool, Vec<u32>) {
         let (Some(&pos), Some(order)) = (
             self.position.get(chunk as usize),
             self.order.get(blob as usize),
         ) else {
-            return Vec::new();
+            return (false, Vec::new());
         };
         let mut sequence = self.sequence.lock().unwrap_or_else(|p| p.into_inner());
         let (last, ahead) = sequence.entry(blob).or_insert((u32::MAX, 0));
         let sequential = *last != u32::MAX && (pos == *last || pos == last.wrapping_add(1));
         *last = pos;
         if !sequential || window == 0 {
-            return Vec::new();
+            return (sequential, Vec::new());
         }
         let owner = self.owner[chunk as usize];
         let mut out = Vec::new();
@@ -67,7 +74,7 @@ impl ReadAhead {
                 *ahead = p as u32;
             }
         }
-        out
+        (true, out)
     }
 }
 

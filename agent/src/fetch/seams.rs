@@ -80,6 +80,10 @@ pub trait Peers: Send + Sync {
     /// How long a fetch waits for other agents (their origin fetch, busy holders)
     /// before going to the origin itself.
     fn max_wait(&self) -> Duration;
+
+    /// Whether this node is a member of the swarm now (registered with a scheduler):
+    /// holders it remembers are asked only while it is.
+    fn member(&self) -> bool;
 }
 
 /// Units arriving from one peer.
@@ -208,6 +212,10 @@ impl Peers for Network {
 
     fn max_wait(&self) -> Duration {
         Network::max_wait(self)
+    }
+
+    fn member(&self) -> bool {
+        self.registered()
     }
 }
 

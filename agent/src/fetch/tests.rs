@@ -308,6 +308,10 @@ impl Peers for FakePeers {
     fn max_wait(&self) -> Duration {
         self.max_wait
     }
+
+    fn member(&self) -> bool {
+        true
+    }
 }
 
 // ---- the store ----

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fuser::consts::{self, FOPEN_KEEP_CACHE};
+use fuser::consts::{self, FOPEN_CACHE_DIR, FOPEN_KEEP_CACHE};
 use fuser::{
     BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
@@ -435,9 +435,10 @@ impl Filesystem for ImageFs {
     }
 
     fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        // Stateless: a readdir offset names its entry.
+        // Stateless: a readdir offset names its entry. The listing never changes: the
+        // kernel may keep it across opens (a second walk of the tree asks us nothing).
         match self.directory(ino) {
-            Ok(_) => reply.opened(0, 0),
+            Ok(_) => reply.opened(0, FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE),
             Err(e) => reply.error(e),
         }
     }

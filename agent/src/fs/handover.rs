@@ -294,9 +294,11 @@ pub fn relay(dev: OwnedFd) -> io::Result<OwnedFd> {
         let _ = rustix::net::sockopt::set_socket_send_buffer_size_force(s, 8 << 20);
         let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(s, 8 << 20);
     }
-    // The synthetic INIT: fuse_in_header (40 bytes) + fuse_init_in of ABI 7.31.
-    let mut init = Vec::with_capacity(56);
-    for v in [56u32, FUSE_INIT] {
+    // The synthetic INIT: fuse_in_header (40 bytes) + fuse_init_in of ABI 7.40 (the
+    // one fuser is built for: major, minor, max_readahead, flags, flags2, 11 unused),
+    // offering no capabilities (so no passthrough: see `filesystem`).
+    let mut init = Vec::with_capacity(104);
+    for v in [104u32, FUSE_INIT] {
         init.extend_from_slice(&v.to_ne_bytes());
     }
     init.extend_from_slice(&u64::MAX.to_ne_bytes()); // unique: never the kernel's
@@ -304,9 +306,10 @@ pub fn relay(dev: OwnedFd) -> io::Result<OwnedFd> {
     for v in [0u32, 0, 0, 0] {
         init.extend_from_slice(&v.to_ne_bytes()); // uid, gid, pid, padding
     }
-    for v in [7u32, 31, 1 << 20, 0] {
-        init.extend_from_slice(&v.to_ne_bytes()); // major, minor, max_readahead, flags
+    for v in [7u32, 40, 1 << 20, 0, 0] {
+        init.extend_from_slice(&v.to_ne_bytes()); // major, minor, max_readahead, flags, flags2
     }
+    init.extend_from_slice(&[0; 44]); // unused
     rustix::net::send(&ours, &init, SendFlags::NOSIGNAL)?;
     let ours = Arc::new(ours);
     let dev = Arc::new(dev);

@@ -384,7 +384,9 @@ impl Mirror {
             let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
             if actual != digest {
                 self.whole_failed(&digest, &actual, table.from.as_ref(), table.table.size);
-                self.drop_pieces(&added);
+                // Every piece, not only those this pull added: cached pieces are
+                // trusted, not re-hashed, so one the disk spoiled is found only here.
+                self.drop_pieces(&table.table.digests);
                 if table.from.is_none() {
                     self.tables.remove(&digest);
                 }

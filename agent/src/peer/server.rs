@@ -157,9 +157,10 @@ impl pb::peer_service_server::PeerService for PeerServer {
             let _permit = permit;
             for digest in wanted.digests {
                 let key = ChunkKey { algo, digest };
-                // The cache does file I/O and re-verifies: off the async workers.
+                // Verified as it leaves the node (file I/O and hashing: off the async
+                // workers); a chunk the disk spoiled is dropped, not served.
                 let cache = cache.clone();
-                let data = tokio::task::spawn_blocking(move || cache.get(&key))
+                let data = tokio::task::spawn_blocking(move || cache.get_verified(&key))
                     .await
                     .ok()
                     .and_then(Result::ok)
