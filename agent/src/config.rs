@@ -175,6 +175,10 @@ pub struct P2pConfig {
     pub tls_server_name: Option<String>,
     /// Uploads served to peers at once.
     pub max_uploads: u32,
+    /// Send chunks to peers zstd-compressed: `auto` when `upload_bytes_per_sec` is set
+    /// (the link is the limit, not the CPU), `always`, or `never`. Cached chunks are
+    /// stored uncompressed (reads take any part of them), so this compresses per upload.
+    pub compress_uploads: CompressUploads,
     /// Upload bandwidth to peers (`100M` bytes per second; 0: unlimited).
     #[serde(with = "size")]
     pub upload_bytes_per_sec: u64,
@@ -205,6 +209,7 @@ impl Default for P2pConfig {
             tls_key: None,
             tls_server_name: None,
             max_uploads: 32,
+            compress_uploads: CompressUploads::Auto,
             upload_bytes_per_sec: 0,
             peer_timeout_ms: 3000,
             max_wait_secs: 20,
@@ -308,6 +313,15 @@ pub enum Prefetch {
     List,
     /// The prefetch list first, then every other chunk of the image.
     All,
+}
+
+/// When uploads to peers are compressed (`p2p.compress_uploads`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressUploads {
+    Auto,
+    Always,
+    Never,
 }
 
 /// The background scrub: cached chunks are verified when they enter the cache and

@@ -42,6 +42,7 @@ fn request(keys: &[&ChunkKey]) -> pb::FetchChunksRequest {
     pb::FetchChunksRequest {
         digest_algorithm: "sha256".into(),
         digests: keys.iter().map(|k| k.digest.to_vec()).collect(),
+        accept_encodings: Vec::new(),
     }
 }
 
@@ -65,6 +66,7 @@ fn peers_get_verified_chunks_within_limits() {
                     max_uploads: 4,
                     bytes_per_sec: Some(2 << 20),
                     corrupt: false,
+                    compress: false,
                 },
             )
             .await;
@@ -94,11 +96,89 @@ fn peers_get_verified_chunks_within_limits() {
                 .fetch_chunks(pb::FetchChunksRequest {
                     digest_algorithm: "md5".into(),
                     digests: vec![vec![0; 32]],
+                    accept_encodings: Vec::new(),
                 })
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().contains("digest_algorithm"), "{}", e.message());
+        });
+}
+
+/// A peer that compresses uploads sends zstd to requesters that decode it, when it
+/// pays (the byte pattern compresses; random bytes go plain), and plain bytes to the
+/// others.
+#[test]
+fn compressed_uploads_go_to_those_who_decode_them() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(t.path(), 64 << 20).unwrap());
+    let (a, da) = chunk(1, 1 << 20);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..1u32 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let b = ChunkKey {
+        algo: DigestAlgo::Sha256,
+        digest: DigestAlgo::Sha256.digest(&random),
+    };
+    cache.put(&a, &da).unwrap();
+    cache.put(&b, &random).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let url = serve(
+                cache.clone(),
+                UploadLimits {
+                    max_uploads: 4,
+                    bytes_per_sec: None,
+                    corrupt: false,
+                    compress: true,
+                },
+            )
+            .await;
+            let mut client = PeerServiceClient::connect(url).await.unwrap();
+            let fetch = |accept: Vec<String>| {
+                let mut client = client.clone();
+                let request = pb::FetchChunksRequest {
+                    accept_encodings: accept,
+                    ..request(&[&a, &b])
+                };
+                async move {
+                    let mut stream = client.fetch_chunks(request).await.unwrap().into_inner();
+                    let mut got = Vec::new();
+                    while let Some(c) = stream.message().await.unwrap() {
+                        got.push(c);
+                    }
+                    got
+                }
+            };
+            let packed = fetch(vec!["br".into(), "zstd".into()]).await;
+            assert_eq!(packed[0].encoding, "zstd");
+            assert!(
+                packed[0].data.len() < da.len() / 10,
+                "{}",
+                packed[0].data.len()
+            );
+            assert_eq!(
+                zstd::bulk::decompress(&packed[0].data, 1 << 20).unwrap(),
+                da
+            );
+            assert_eq!(packed[1].encoding, "", "random bytes do not pay");
+            assert!(packed[1].data == random);
+            let plain = fetch(vec![]).await;
+            assert_eq!(
+                (plain[0].encoding.as_str(), plain[1].encoding.as_str()),
+                ("", "")
+            );
+            assert!(plain[0].data == da);
+            let _ = &mut client;
         });
 }
 
@@ -120,6 +200,7 @@ fn a_busy_peer_says_so() {
                     max_uploads: 1,
                     bytes_per_sec: Some(1 << 20),
                     corrupt: false,
+                    compress: false,
                 },
             )
             .await;
@@ -165,6 +246,7 @@ fn the_token_is_required_and_the_fault_switch_corrupts() {
                         max_uploads: 2,
                         bytes_per_sec: None,
                         corrupt,
+                        compress: false,
                     },
                 );
                 tokio::spawn(server.serve(
@@ -249,6 +331,7 @@ fn the_peer_service_speaks_tls_when_configured() {
                     max_uploads: 2,
                     bytes_per_sec: None,
                     corrupt: false,
+                    compress: false,
                 },
             );
             tokio::spawn(server.serve(

@@ -383,12 +383,31 @@ impl TryFrom<pb::FindPeersResponse> for PeerChoice {
     }
 }
 
-/// One chunk a peer sent: a 32-byte digest and the bytes it claims to be (verified by
-/// the receiver before anything else).
+/// One chunk a peer sent: a 32-byte digest and the bytes it claims to be, as
+/// `encoding` says (decoded and verified by the receiver before anything else).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkData {
     pub digest: [u8; 32],
     pub data: Vec<u8>,
+    pub encoding: ChunkEncoding,
+}
+
+/// How a peer encoded a chunk it sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkEncoding {
+    /// The uncompressed bytes.
+    Plain,
+    /// One zstd frame of them.
+    Zstd,
+}
+
+impl ChunkEncoding {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChunkEncoding::Plain => "",
+            ChunkEncoding::Zstd => "zstd",
+        }
+    }
 }
 
 impl TryFrom<pb::ChunkData> for ChunkData {
@@ -396,9 +415,20 @@ impl TryFrom<pb::ChunkData> for ChunkData {
     fn try_from(c: pb::ChunkData) -> Result<Self, Invalid> {
         let digest = <[u8; 32]>::try_from(c.digest.as_slice())
             .map_err(|_| Invalid::new("digest", format!("{} bytes, not 32", c.digest.len())))?;
+        let encoding = match c.encoding.as_str() {
+            "" => ChunkEncoding::Plain,
+            "zstd" => ChunkEncoding::Zstd,
+            other => {
+                return Err(Invalid::new(
+                    "encoding",
+                    format!("{other:?} is not \"\" or \"zstd\""),
+                ))
+            }
+        };
         Ok(ChunkData {
             digest,
             data: c.data,
+            encoding,
         })
     }
 }
@@ -463,6 +493,8 @@ impl TryFrom<pb::Transfer> for Transfer {
 pub struct FetchChunks {
     pub algorithm: DigestAlgorithm,
     pub digests: Vec<[u8; 32]>,
+    /// The requester decodes zstd-encoded chunks.
+    pub accepts_zstd: bool,
 }
 
 /// How chunk digests are computed.
@@ -510,7 +542,13 @@ impl TryFrom<pb::FetchChunksRequest> for FetchChunks {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(FetchChunks { algorithm, digests })
+        // Encodings it does not know are ignored: it gets plain bytes.
+        let accepts_zstd = f.accept_encodings.iter().any(|e| e == "zstd");
+        Ok(FetchChunks {
+            algorithm,
+            digests,
+            accepts_zstd,
+        })
     }
 }
 
@@ -615,6 +653,31 @@ mod tests {
     }
 
     #[test]
+    fn chunk_encodings_are_named_or_refused() {
+        let chunk = |encoding: &str| {
+            ChunkData::try_from(pb::ChunkData {
+                digest: vec![7; 32],
+                data: vec![1, 2],
+                encoding: encoding.into(),
+            })
+        };
+        assert_eq!(chunk("").unwrap().encoding, ChunkEncoding::Plain);
+        assert_eq!(chunk("zstd").unwrap().encoding, ChunkEncoding::Zstd);
+        let e = chunk("gzip").unwrap_err();
+        assert!(e.to_string().contains("encoding"), "{e}");
+        let asked = |accept: &[&str]| {
+            FetchChunks::try_from(pb::FetchChunksRequest {
+                digest_algorithm: "sha256".into(),
+                digests: vec![vec![0; 32]],
+                accept_encodings: accept.iter().map(|s| s.to_string()).collect(),
+            })
+            .unwrap()
+            .accepts_zstd
+        };
+        assert!(asked(&["br", "zstd"]) && !asked(&[]) && !asked(&["br"]));
+    }
+
+    #[test]
     fn scheduler_answers_are_checked() {
         let peer = |id: &str, addr: &str| pb::Peer {
             host_id: id.into(),
@@ -663,6 +726,7 @@ mod tests {
         let short = ChunkData::try_from(pb::ChunkData {
             digest: vec![1; 31],
             data: vec![],
+            encoding: String::new(),
         });
         assert_eq!(short.unwrap_err().field, "digest");
     }
@@ -790,6 +854,7 @@ mod tests {
     #[test]
     fn peer_requests_are_bounded() {
         let ok = FetchChunks::try_from(pb::FetchChunksRequest {
+            accept_encodings: Vec::new(),
             digest_algorithm: "blake3".into(),
             digests: vec![vec![7; 32]],
         })
@@ -798,6 +863,7 @@ mod tests {
         for (req, field) in [
             (
                 pb::FetchChunksRequest {
+                    accept_encodings: Vec::new(),
                     digest_algorithm: "md5".into(),
                     digests: vec![vec![0; 32]],
                 },
@@ -805,6 +871,7 @@ mod tests {
             ),
             (
                 pb::FetchChunksRequest {
+                    accept_encodings: Vec::new(),
                     digest_algorithm: "sha256".into(),
                     digests: vec![],
                 },
@@ -812,6 +879,7 @@ mod tests {
             ),
             (
                 pb::FetchChunksRequest {
+                    accept_encodings: Vec::new(),
                     digest_algorithm: "sha256".into(),
                     digests: vec![vec![0; 32], vec![0; 31]],
                 },

@@ -57,11 +57,22 @@ impl Collector for AgentCollector {
             .network
             .as_ref()
             .map_or(0, |n| n.server().uploaded_bytes());
-        let counters = counters.into_iter().chain([(
-            "tessera_agent_peer_upload_bytes",
-            "Chunk bytes handed to peers' streams (uncompressed)",
-            uploaded,
-        )]);
+        let sent = agent
+            .network
+            .as_ref()
+            .map_or(0, |n| n.server().sent_bytes());
+        let counters = counters.into_iter().chain([
+            (
+                "tessera_agent_peer_upload_bytes",
+                "Chunk bytes handed to peers' streams (uncompressed)",
+                uploaded,
+            ),
+            (
+                "tessera_agent_peer_sent_bytes",
+                "Chunk bytes handed to peers' streams as sent (compressed where p2p.compress_uploads)",
+                sent,
+            ),
+        ]);
         for (name, help, value) in counters {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;

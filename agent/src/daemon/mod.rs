@@ -41,7 +41,7 @@ use serde::Serialize;
 use crate::api::Request;
 use crate::cache::pieces::PieceTables;
 use crate::cache::ChunkCache;
-use crate::config::{AgentConfig, P2pConfig};
+use crate::config::{AgentConfig, CompressUploads, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
 use crate::mirror::Mirror;
 use crate::peer::preheat::PreheatSender;
@@ -103,6 +103,11 @@ fn join_swarm(
             max_uploads: p2p.max_uploads as usize,
             bytes_per_sec: (p2p.upload_bytes_per_sec > 0).then_some(p2p.upload_bytes_per_sec),
             corrupt: p2p.fault_corrupt_uploads,
+            compress: match p2p.compress_uploads {
+                CompressUploads::Auto => p2p.upload_bytes_per_sec > 0,
+                CompressUploads::Always => true,
+                CompressUploads::Never => false,
+            },
         },
     )
     .with_piece_tables(tables);

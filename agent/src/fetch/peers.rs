@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use rafs_format::chunk::Compression;
-use tessera_proto::domain::{HostId, Peer, PeerChoice};
+use tessera_proto::domain::{ChunkEncoding, HostId, Peer, PeerChoice};
 use tessera_proto::pb;
 use tessera_proto::ranges::merge;
 
@@ -330,7 +330,10 @@ impl Fetcher {
                             wanted_c.as_ref(),
                             &run_c[i],
                             &chunk.data,
-                            Compression::None,
+                            match chunk.encoding {
+                                ChunkEncoding::Plain => Compression::None,
+                                ChunkEncoding::Zstd => Compression::Zstd,
+                            },
                             Source::Peer,
                             started,
                         )

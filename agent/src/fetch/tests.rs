@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rafs_format::chunk::{Compression, DigestAlgo};
-use tessera_proto::domain::{ChunkData, HostId, Peer, PeerChoice};
+use tessera_proto::domain::{ChunkData, ChunkEncoding, HostId, Peer, PeerChoice};
 use tessera_proto::pb;
 use tokio::time::Instant;
 
@@ -130,6 +130,8 @@ enum Behaviour {
     Fails,
     /// Holds only this unit, skipping the others as a real peer does.
     ServesOnly(u32),
+    /// Serves every unit zstd-compressed.
+    ServesZstd,
 }
 
 struct FakePeers {
@@ -248,13 +250,30 @@ impl Peers for FakePeers {
                         if corrupt {
                             data[0] ^= 0xff;
                         }
-                        Ok(ChunkData { digest: *d, data })
+                        Ok(ChunkData {
+                            digest: *d,
+                            data,
+                            encoding: ChunkEncoding::Plain,
+                        })
                     })
                     .collect()
             };
             let stream = match behaviour {
                 Behaviour::Serves => FakeStream {
                     items: units(false),
+                    stalls: false,
+                },
+                Behaviour::ServesZstd => FakeStream {
+                    items: units(false)
+                        .into_iter()
+                        .map(|u| {
+                            u.map(|u| ChunkData {
+                                data: zstd::bulk::compress(&u.data, 1).unwrap(),
+                                encoding: ChunkEncoding::Zstd,
+                                ..u
+                            })
+                        })
+                        .collect(),
                     stalls: false,
                 },
                 Behaviour::ServesOnly(only) => FakeStream {
@@ -693,6 +712,23 @@ async fn a_remembered_holder_that_fails_sends_the_next_run_to_the_scheduler() {
     // Peer 2 is not a whole holder: not remembered.
     assert_eq!(data(bed.get(6).await), unit_bytes(6));
     assert_eq!(peers.finds.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn compressed_chunks_from_peers_are_decoded_then_verified() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![peer(1)])],
+        &[(1, Behaviour::ServesZstd)],
+    );
+    let bed = Bed::new(8, 4, FakeOrigin::new(8), Some(peers.clone()));
+    let got = bed.get(2).await.unwrap();
+    assert_eq!(
+        (*got.data == unit_bytes(2), got.source),
+        (true, Source::Peer)
+    );
+    bed.settle().await;
+    assert!(bed.origin.ranges().is_empty());
+    assert_eq!(bed.store.get(&key_of(5)).unwrap(), Some(unit_bytes(5)));
 }
 
 #[tokio::test(start_paused = true)]

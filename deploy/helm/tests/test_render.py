@@ -551,6 +551,7 @@ class FullValues(unittest.TestCase):
         self.assertEqual(c["p2p"]["rack"], "r12")
         self.assertEqual(c["p2p"]["max_uploads"], 64)
         self.assertEqual(c["p2p"]["upload_bytes_per_sec"], "200M")
+        self.assertEqual(c["p2p"]["compress_uploads"], "always")
         self.assertEqual((c["p2p"]["peer_timeout_ms"], c["p2p"]["max_wait_secs"]), (2000, 15))
         self.assertEqual((c["mirror"]["max_wait_secs"], c["mirror"]["access_ttl_secs"],
                           c["mirror"]["manifest_ttl_secs"]), (200, 30, 120))

@@ -274,6 +274,7 @@ mod tests {
                 max_uploads: 1,
                 bytes_per_sec: None,
                 corrupt: false,
+                compress: false,
             },
         );
         let config = P2pConfig {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use rafs_format::chunk::DigestAlgo;
 use tessera_proto::auth::AddBearer;
-use tessera_proto::domain::Peer;
+use tessera_proto::domain::{ChunkEncoding, Peer};
 use tessera_proto::pb;
 use tessera_proto::pb::peer_service_client::PeerServiceClient;
 use tonic::service::interceptor::InterceptedService;
@@ -39,6 +39,7 @@ impl Network {
             }
             .to_string(),
             digests: digests.into_iter().map(|d| d.to_vec()).collect(),
+            accept_encodings: vec![ChunkEncoding::Zstd.name().to_string()],
         };
         match tokio::time::timeout(self.peer_timeout, client.fetch_chunks(request)).await {
             Err(_) => Err(PeerFailure::Timeout),

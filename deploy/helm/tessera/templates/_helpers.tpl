@@ -220,6 +220,7 @@ rack = {{ . | toJson }}
 {{- end }}
 max_uploads = {{ int64 $a.p2p.maxUploads }}
 upload_bytes_per_sec = {{ include "tessera.tomlSize" $a.p2p.uploadBytesPerSec }}
+compress_uploads = {{ $a.p2p.compressUploads | toJson }}
 peer_timeout_ms = {{ int64 $a.p2p.peerTimeoutMs }}
 max_wait_secs = {{ int64 $a.p2p.maxWaitSecs }}
 {{- if or .Values.tls.enabled .Values.tls.peers.enabled }}
