@@ -517,3 +517,72 @@ fn concurrent_gets_puts_and_pins_keep_the_cache_consistent() {
     assert_eq!(stats.verification_failures, 0);
     assert_consistent(&cache);
 }
+
+#[test]
+fn backing_files_are_copies_within_a_quarter_of_the_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for 16 chunks; backing files may take 4 chunks' worth.
+    let cache = ChunkCache::open(dir.path(), 16 * SIZE as u64).unwrap();
+    let all = chunks(8);
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    let two = |a: usize, b: usize| FileLayout {
+        size: 2 * SIZE as u64 + 100,
+        pieces: vec![
+            (0, SIZE as u32, Some(all[a].0)),
+            (SIZE as u64, 100, None),
+            (SIZE as u64 + 100, SIZE as u32, Some(all[b].0)),
+        ],
+    };
+    // A one-chunk file is its chunk's file: nothing to make.
+    let one = FileLayout {
+        size: SIZE as u64,
+        pieces: vec![(0, SIZE as u32, Some(all[7].0))],
+    };
+    assert!(!cache.wants_backing_file(&one));
+    let mut got = Vec::new();
+    cache
+        .backing_file(&one)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    assert_eq!(got, all[7].1);
+
+    assert!(cache.backing_file(&two(0, 1)).is_none());
+    assert!(cache.make_backing_file(&two(0, 1)).unwrap());
+    assert!(!cache.make_backing_file(&two(0, 1)).unwrap(), "made once");
+    let mut got = Vec::new();
+    cache
+        .backing_file(&two(0, 1))
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
+    let mut expected = all[0].1.clone();
+    expected.resize(SIZE + 100, 0);
+    expected.extend_from_slice(&all[1].1);
+    assert_eq!(got, expected);
+    // A second one exceeds the quarter: the least recently opened goes.
+    assert!(cache.make_backing_file(&two(2, 3)).unwrap());
+    assert!(cache.backing_file(&two(0, 1)).is_none());
+    assert!(cache.backing_file(&two(2, 3)).is_some());
+    assert_eq!(cache.stats().backing_bytes, 2 * SIZE as u64 + 100);
+    // A file with a chunk not cached gets none.
+    let (absent, _) = chunk(99, SIZE, DigestAlgo::Sha256);
+    let missing = FileLayout {
+        size: 2 * SIZE as u64,
+        pieces: vec![
+            (0, SIZE as u32, Some(all[4].0)),
+            (SIZE as u64, SIZE as u32, Some(absent)),
+        ],
+    };
+    assert!(!cache.wants_backing_file(&missing));
+    assert!(!cache.make_backing_file(&missing).unwrap());
+    // A crash before any checkpoint: the backing file may be torn, so it is removed
+    // at the next open (and made again when next needed).
+    drop(cache);
+    let cache = ChunkCache::open(dir.path(), 16 * SIZE as u64).unwrap();
+    assert_eq!(cache.stats().backing_bytes, 0);
+    assert!(cache.backing_file(&two(2, 3)).is_none());
+    assert!(files_under(&dir.path().join("files")).is_empty());
+}
