@@ -113,15 +113,7 @@ fn compressed_uploads_go_to_those_who_decode_them() {
     let t = tempfile::tempdir().unwrap();
     let cache = Arc::new(ChunkCache::open(t.path(), 64 << 20).unwrap());
     let (a, da) = chunk(1, 1 << 20);
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let random: Vec<u8> = (0..1u32 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect();
+    let random = support::oci::pseudo_random(1 << 20, 77);
     let b = ChunkKey {
         algo: DigestAlgo::Sha256,
         digest: DigestAlgo::Sha256.digest(&random),
