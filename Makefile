@@ -51,9 +51,9 @@ bench-format:
 	$(CARGO) bench -p tessera-benches --bench format
 
 # Conversion of the ~1 GB image (benches/image.sh) vs skopeo copy: MB/s and peak memory;
-# then what v2 uploads with fixed vs CDC chunks vs plain OCI layers (root for the image's
-# first build). TESSERA_BENCH_{REPS,CONVERT_CHUNKING}; TESSERA_BENCH_CONVERT_MB=5120 for a
-# generated 5 GB image instead.
+# tessera build --dir vs nydus-image create on the unpacked tree, page cache dropped; then
+# what v2 uploads with fixed vs CDC chunks vs plain OCI layers (root). TESSERA_BENCH_{REPS,
+# CONVERT_CHUNKING,NYDUS}; TESSERA_BENCH_CONVERT_MB=5120 for a generated 5 GB image instead.
 bench-convert:
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	bash benches/convert.sh
@@ -84,11 +84,11 @@ bench-deps:
 test-deps: bench-deps
 bench-smoke bench-suite: bench-deps
 
-# Nydus (nydusd, nydus-image) for the read benchmark's side-by-side rows, built from
-# crates.io into target/tools/nydus once (about 5 minutes on 2 cores; its OpenSSL is
-# vendored, so it needs perl and make besides a C compiler). Not in test-deps: CI does
-# not build it, and bench-smoke runs the read benchmark without it
-# (TESSERA_BENCH_NYDUS=off).
+# Nydus (nydusd, nydus-image) for the side-by-side rows of the read, conversion and format
+# benchmarks, built from crates.io into target/tools/nydus once (about 5 minutes on 2
+# cores; its OpenSSL is vendored, so it needs perl and make besides a C compiler). Not in
+# test-deps: CI does not build it, and bench-smoke runs the read and conversion
+# benchmarks without it (TESSERA_BENCH_NYDUS=off).
 NYDUS_VERSION := 2.2.0
 NYDUS := target/tools/nydus
 nydus-deps:
@@ -96,7 +96,7 @@ nydus-deps:
 	  $(CARGO) install --list --root $(NYDUS) | grep -qx 'nydus-rs v$(NYDUS_VERSION):' || { \
 	  echo "building nydus-rs $(NYDUS_VERSION) (crates.io) into $(NYDUS)"; \
 	  $(CARGO) install nydus-rs --version $(NYDUS_VERSION) --locked --force --root $(abspath $(NYDUS)); }
-bench-mount bench-suite: nydus-deps
+bench-format bench-convert bench-mount bench-suite: nydus-deps
 
 # ctr pull straight from the registry vs through the node's agent as its mirror, one node,
 # registry uncapped: what the mirror costs a pull (root; N nodes: bench-swarm).
@@ -121,7 +121,7 @@ bench-smoke:
 	  $(CARGO) test -q -p tessera-agent --bench lazy_start
 	python3 benches/check_results.py target/bench-smoke/lazy_start.json
 	$(CARGO) build -q -p tessera-agent --bin tessera
-	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BIN=$(abspath target/debug/tessera) \
+	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_NYDUS=off TESSERA_BIN=$(abspath target/debug/tessera) \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/convert.json) bash benches/convert.sh
 	python3 benches/check_results.py target/bench-smoke/convert.json
 	TESSERA_BENCH_MOUNT_MB=32 TESSERA_BENCH_REPS=1 TESSERA_BENCH_READ_RUNTIME=2 TESSERA_BENCH_NYDUS=off \

@@ -8,7 +8,21 @@
 #      tessera   tessera convert    (pull, build, push)
 #    Wall time, MB/s of input (the image's file bytes, MB = 10^6), peak RSS (GNU time's
 #    maximum resident set size), and convert's own phases (pull, build, push).
-# 2. Dedup across versions: v1 and then v2 (one package upgraded) into one registry,
+# 2. Build from the unpacked tree (v1 unpacked once with umoci), the same REPS,
+#    interleaved, alternating which goes first, the page cache dropped before every run
+#    (sync; echo 3 > /proc/sys/vm/drop_caches: both tools read the tree from disk), each
+#    writing bootstrap and blob into a fresh directory of the scratch dir:
+#      baseline  nydus-image create (RAFS v6, zstd, 1 MiB chunks: nydus 2.2.0's defaults
+#                otherwise, zstd level 3 as Tessera's)
+#      tessera   tessera build --dir (its defaults: zstd 3, fixed 1 MiB chunks)
+#    Wall time, MB/s of the tree's file bytes, CPU time (user + system: how much of the
+#    cores each used), peak RSS, output size, and "tessera build vs nydus-image create"
+#    (nydus's time / Tessera's) against the mission's >= 3x; and the same tree only read
+#    (find | xargs cat, page cache dropped too): the disk's floor under any builder.
+#    nydus-image comes from `make nydus-deps` (target/tools/nydus/bin, or
+#    TESSERA_NYDUS_BIN_DIR); without it the script stops. TESSERA_BENCH_NYDUS=off builds
+#    with Tessera alone and says so (bench-smoke: CI does not build nydus).
+# 3. Dedup across versions: v1 and then v2 (one package upgraded) into one registry,
 #      baseline  skopeo copy of the plain OCI layers
 #      tessera   tessera convert v1, then v2 with --chunk-dict v1, for each chunking in
 #                TESSERA_BENCH_CONVERT_CHUNKING (default "fixed:1M cdc:1M cdc:256K")
@@ -23,7 +37,9 @@
 # Prints Markdown; TESSERA_BENCH_JSON=FILE also writes the figures as JSON (scenario
 # "convert", rendered by benches/scenarios/convert.py). TESSERA_BIN picks the binary
 # (default target/release/tessera). Needs docker-registry, skopeo, umoci, python3, GNU
-# time (`make test-deps`), and root for the image's first build.
+# time (`make test-deps`), nydus-image (`make nydus-deps`), and root for the image's first
+# build and to drop the page cache (without it part 2 runs on a warm page cache, and says
+# so).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +48,8 @@ REPS=${TESSERA_BENCH_REPS:-3}
 MODES=${TESSERA_BENCH_CONVERT_CHUNKING:-fixed:1M cdc:1M cdc:256K}
 GENERATED_MB=${TESSERA_BENCH_CONVERT_MB:-}
 JSON_OUT=${TESSERA_BENCH_JSON:-}
+NYDUS=${TESSERA_BENCH_NYDUS:-on}
+NYDUS_BIN=${TESSERA_NYDUS_BIN_DIR:-$ROOT/target/tools/nydus/bin}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tessera-bench-convert.XXXXXX")
 declare -A REG_PID=()
 cleanup() {
@@ -41,9 +59,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for tool in docker-registry skopeo python3 /usr/bin/time; do
+for tool in docker-registry skopeo umoci python3 /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "missing $tool: run make test-deps" >&2; exit 1; }
 done
+case $NYDUS in
+on)
+    [ -x "$NYDUS_BIN/nydus-image" ] || {
+        echo "missing $NYDUS_BIN/nydus-image (nydus 2.2.0, the side-by-side build row): run make nydus-deps" \
+            "(or set TESSERA_NYDUS_BIN_DIR; TESSERA_BENCH_NYDUS=off builds with Tessera alone)" >&2
+        exit 1
+    } ;;
+off) ;;
+*) echo "TESSERA_BENCH_NYDUS=$NYDUS: on or off" >&2; exit 1 ;;
+esac
 [ -x "$TESSERA" ] || (cd "$ROOT" && cargo build --release -p tessera-agent --bin tessera)
 step() { printf '[convert] %s\n' "$*" >&2; }
 
@@ -156,10 +184,11 @@ for tag in $TAGS; do
     skopeo --insecure-policy copy -q --dest-tls-verify=false "oci:$LAYOUT:$tag" "docker://$A/src/app:$tag"
 done
 
-measure() { # OUT CMD...: runs CMD, stdout to OUT.out, "seconds max_rss_kib" to OUT.time
+# OUT CMD...: runs CMD, stdout to OUT.out, "seconds max_rss_kib user_s sys_s" to OUT.time
+measure() {
     local out=$1
     shift
-    /usr/bin/time -f "%e %M" -o "$out.time" "$@" >"$out.out"
+    /usr/bin/time -f "%e %M %U %S" -o "$out.time" "$@" >"$out.out"
 }
 convert() { # OUT SRC DST [FLAGS...]
     local out=$1 src=$2 dst=$3
@@ -186,7 +215,76 @@ for rep in $(seq "$REPS"); do
     stop_registry "b$rep"
 done
 
-# --- 2. dedup across versions ----------------------------------------------------------
+# --- 2. build from the unpacked tree: tessera build --dir vs nydus-image create --------
+mkdir -p "$WORK/build"
+step "unpacking v1 into a directory (umoci)"
+rootless=()
+[ "$(id -u)" = 0 ] || rootless=(--rootless)
+umoci unpack "${rootless[@]}" --image "$LAYOUT:v1" "$WORK/bundle" >/dev/null
+TREE=$WORK/bundle/rootfs
+# The input both builders read: regular files and their bytes, a hard-linked file once.
+python3 - "$TREE" >"$WORK/build/tree" <<'PY'
+import os, sys
+seen, files, size = set(), 0, 0
+for d, _, names in os.walk(sys.argv[1]):
+    for n in names:
+        st = os.lstat(os.path.join(d, n))
+        if (st.st_mode & 0o170000) == 0o100000 and (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            files += 1
+            size += st.st_size
+print(files, size)
+PY
+# Every build reads the tree from disk: dirty pages are written back and the page cache
+# dropped before it. Where that is not allowed (not root, a read-only /proc/sys) both
+# builders read a warm page cache instead, and the report says which.
+PAGE_CACHE=dropped
+{ sync && echo 3 >/proc/sys/vm/drop_caches; } 2>/dev/null || PAGE_CACHE=warm
+if [ "$PAGE_CACHE" = warm ]; then
+    step "cannot drop the page cache (root needed): building from a warm page cache"
+    find "$TREE" -type f -exec cat {} + >/dev/null
+fi
+drop_page_cache() {
+    sync
+    [ "$PAGE_CACHE" = warm ] || echo 3 >/proc/sys/vm/drop_caches
+}
+# Bytes the build wrote into DIR (bootstrap and blob).
+written() { find "$1" -type f -printf '%s\n' | awk '{n += $1} END {print n + 0}'; }
+build() { # WHAT REP: one build of the tree into a fresh directory, measured
+    local out=$WORK/build/out run=$WORK/build/$1-$2
+    rm -rf "$out"
+    mkdir -p "$out"
+    drop_page_cache
+    case $1 in
+    read) measure "$run" sh -c 'find "$1" -type f -print0 | xargs -0 cat >/dev/null' read "$TREE" \
+              2>"$run.log" ;;
+    tessera) measure "$run" env TESSERA_CONFIG=/dev/null "$TESSERA" build --json \
+                 --dir "$TREE" --out "$out" 2>"$run.log" ;;
+    nydus) mkdir -p "$out/blobs"
+           measure "$run" "$NYDUS_BIN/nydus-image" create --log-level warn --type dir-rafs \
+               --fs-version 6 --compressor zstd --chunk-size 0x100000 \
+               --bootstrap "$out/bootstrap" --blob-dir "$out/blobs" "$TREE" 2>"$run.log" ;;
+    esac || { echo "$1 build of $TREE failed; its output:" >&2; cat "$run.log" "$run.out" >&2; exit 1; }
+    written "$out" >"$run.size"
+    rm -rf "$out"
+}
+# "read": every file of the tree read and thrown away, the floor under any builder here.
+if [ "$NYDUS" = on ]; then builders="read tessera nydus"; else
+    builders="read tessera"
+    step "nydus-image: not run (TESSERA_BENCH_NYDUS=off)"
+fi
+for rep in $(seq "$REPS"); do
+    # Alternate which goes first, as in part 1.
+    order=$builders
+    [ $((rep % 2)) = 1 ] || order=$(echo "$builders" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for what in $order; do
+        step "the unpacked tree, repetition $rep/$REPS: $what (page cache $PAGE_CACHE)"
+        build "$what" "$rep"
+    done
+done
+rm -rf "$WORK/bundle"
+
+# --- 3. dedup across versions ----------------------------------------------------------
 mkdir -p "$WORK/dedup"
 if [[ " $TAGS " == *" v2 "* ]]; then
     start_registry d D
@@ -214,9 +312,14 @@ fi
 
 # --- report ---------------------------------------------------------------------------
 step "summarising"
-python3 - "$ROOT" "$WORK" "$LAYOUT" "$IMAGE_DESC" "$REPS" "$JSON_OUT" "$TAGS" <<'PY'
+# The version cargo installed (the binaries themselves print "unknown": their build
+# script asks git, and a crates.io source is no git checkout).
+NYDUS_VERSION=$(grep -o 'nydus-rs [0-9][0-9.]*' "$NYDUS_BIN/../.crates.toml" 2>/dev/null | cut -d' ' -f2 || true)
+python3 - "$ROOT" "$WORK" "$LAYOUT" "$IMAGE_DESC" "$REPS" "$JSON_OUT" "$TAGS" \
+    "$NYDUS" "${NYDUS_VERSION:-unknown}" "$PAGE_CACHE" <<'PY'
 import hashlib, json, os, statistics, sys, tarfile
-root, work, layout, image_desc, reps, json_out, tags = sys.argv[1:]
+(root, work, layout, image_desc, reps, json_out, tags,
+ nydus, nydus_version, page_cache) = sys.argv[1:]
 reps = int(reps)
 blobs = os.path.join(layout, "blobs", "sha256")
 def blob(digest):
@@ -227,8 +330,12 @@ def manifest(tag):
             return json.load(open(blob(m["digest"])))
     sys.exit(f"no tag {tag} in {layout}")
 def timing(path):
-    s, kib = open(path + ".time").read().split()
+    s, kib = open(path + ".time").read().split()[:2]
     return float(s), int(kib) * 1024
+def cpu_seconds(path):
+    """User + system CPU time of the process and its children."""
+    user, system = open(path + ".time").read().split()[2:4]
+    return float(user) + float(system)
 def summary(path):
     return json.load(open(path + ".out"))
 mib = lambda b: f"{b / 2**20:.1f} MiB"
@@ -263,6 +370,37 @@ result = {
     "spread": {"copy_seconds": [min(s for s, _ in copies), max(s for s, _ in copies)],
                "convert_seconds": [min(s for s, _ in converts), max(s for s, _ in converts)]},
 }
+
+# Part 2: both builders on the unpacked tree; the same numerator (the tree's file bytes).
+tree_files, tree_bytes = map(int, open(f"{work}/build/tree").read().split())
+def build_row(method, name):
+    runs = [timing(f"{work}/build/{name}-{r}") for r in range(1, reps + 1)]
+    written = [int(open(f"{work}/build/{name}-{r}.size").read()) for r in range(1, reps + 1)]
+    s = med(t for t, _ in runs)
+    cpu = med(cpu_seconds(f"{work}/build/{name}-{r}") for r in range(1, reps + 1))
+    return {"method": method, "seconds": s, "input_mb_per_s": tree_bytes / 1e6 / s,
+            "cpu_seconds": cpu, "peak_rss_bytes": med(m for _, m in runs),
+            "output_bytes": int(med(written)),
+            "spread": [min(t for t, _ in runs), max(t for t, _ in runs)]}
+NYDUS_CMD = ("nydus-image create --type dir-rafs --fs-version 6 --compressor zstd "
+             "--chunk-size 0x100000")
+reads = [timing(f"{work}/build/read-{r}")[0] for r in range(1, reps + 1)]
+build = {"tree_files": tree_files, "tree_bytes": tree_bytes, "repetitions": reps,
+         "page_cache": "dropped before each run" if page_cache == "dropped" else
+                       "warm (could not drop it: not root)",
+         # Reading every file and nothing else, measured like the builds: what the disk
+         # (or the page cache) allows any builder.
+         "read_seconds": med(reads), "read_mb_per_s": tree_bytes / 1e6 / med(reads),
+         "rows": [build_row("tessera build --dir", "tessera")]}
+if nydus == "on":
+    nydus_row = build_row("nydus-image create", "nydus")
+    build["rows"].append(nydus_row)
+    # Above 1: Tessera builds faster (nydus's time / Tessera's; the same input bytes).
+    build["tessera_vs_nydus"] = nydus_row["seconds"] / build["rows"][0]["seconds"]
+    build["nydus_image"] = {"version": nydus_version, "command": NYDUS_CMD}
+else:
+    build["nydus_image"] = {"skipped": "TESSERA_BENCH_NYDUS=off"}
+result["build"] = build
 
 if "v2" in tags.split():
     v2 = manifest("v2")

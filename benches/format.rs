@@ -3,7 +3,10 @@
 //!
 //! Run with `cargo bench -p tessera-benches --bench format`; `TESSERA_BENCH_SCALE=0.1`
 //! shrinks every tree tenfold for a quick run, `TESSERA_BENCH_REPS=N` overrides the
-//! repetition counts. `benches/README.md` explains the figures and records a run.
+//! repetition counts. The build table has a `nydus-image create` row measured on the same
+//! tree in the same rounds (nydus 2.2.0 from `make nydus-deps`, or
+//! `TESSERA_NYDUS_BIN_DIR`; `TESSERA_BENCH_NYDUS=off` leaves it out and says so).
+//! `benches/README.md` explains the figures and records a run.
 
 use std::error::Error;
 use std::fs::{self, File};
@@ -26,9 +29,107 @@ use zerocopy::FromBytes;
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
-/// The published `nydus-image create` throughput on the mission's reference tree and
-/// machine class (docs: MISSION.md, "Performance"). Not measured here.
-const NYDUS_PUBLISHED_MB_S: f64 = 53.0;
+/// The mission's build target: `tessera build` at ≥ 3× `nydus-image create`'s throughput
+/// on the same tree (shared/MISSION.md, "Performance"), judged on the default options.
+const BUILD_VS_NYDUS_TARGET: f64 = 3.0;
+
+/// `nydus-image create`'s options for the side-by-side row: RAFS v6, zstd (its level 3,
+/// as Tessera's default), 1 MiB chunks (hexadecimal), as `benches/read.sh` builds it.
+const NYDUS_CREATE_ARGS: [&str; 9] = [
+    "--log-level",
+    "warn",
+    "--type",
+    "dir-rafs",
+    "--fs-version",
+    "6",
+    "--compressor",
+    "zstd",
+    "--chunk-size=0x100000",
+];
+
+/// The `nydus-image` binary to measure beside Tessera, or `None` with
+/// `TESSERA_BENCH_NYDUS=off`. A missing binary is an error that names `make nydus-deps`.
+fn nydus_image() -> Res<Option<PathBuf>> {
+    match std::env::var("TESSERA_BENCH_NYDUS").as_deref() {
+        Ok("off") => return Ok(None),
+        Ok("on") | Err(_) => {}
+        Ok(other) => return Err(format!("TESSERA_BENCH_NYDUS={other}: on or off").into()),
+    }
+    let dir = std::env::var_os("TESSERA_NYDUS_BIN_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/nydus/bin"),
+        PathBuf::from,
+    );
+    let bin = dir.join("nydus-image");
+    if !bin.is_file() {
+        return Err(format!(
+            "missing {} (nydus 2.2.0, the side-by-side build row): run make nydus-deps \
+             (or set TESSERA_NYDUS_BIN_DIR; TESSERA_BENCH_NYDUS=off builds with Tessera alone)",
+            bin.display()
+        )
+        .into());
+    }
+    Ok(Some(bin))
+}
+
+/// What one `nydus-image create` run measured.
+struct NydusBuild {
+    /// Wall time of the whole process (its start-up included: milliseconds).
+    time: Duration,
+    /// GNU time's maximum resident set size, when `/usr/bin/time` is installed.
+    peak_rss: Option<u64>,
+    /// Bootstrap + blob.
+    bytes_written: u64,
+}
+
+/// Builds `src` with `nydus-image create` into `out` (bootstrap and `blobs/`).
+fn nydus_build(bin: &Path, src: &Path, out: &Path) -> Res<NydusBuild> {
+    let blobs = out.join("blobs");
+    fs::create_dir_all(&blobs)?;
+    let rss_file = out.with_extension("rss");
+    let gnu_time = Path::new("/usr/bin/time");
+    let mut cmd = if gnu_time.is_file() {
+        let mut c = Command::new(gnu_time);
+        c.args(["-f", "%M", "-o"]).arg(&rss_file).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.arg("create")
+        .args(NYDUS_CREATE_ARGS)
+        .arg("--bootstrap")
+        .arg(out.join("bootstrap"))
+        .arg("--blob-dir")
+        .arg(&blobs)
+        .arg(src);
+    let t = Instant::now();
+    let o = cmd.output()?;
+    let time = t.elapsed();
+    if !o.status.success() {
+        return Err(format!(
+            "nydus-image create of {} failed ({}): {}{}",
+            src.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+        .into());
+    }
+    let peak_rss = fs::read_to_string(&rss_file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024);
+    let _ = fs::remove_file(&rss_file);
+    let mut bytes_written = 0;
+    for e in fs::read_dir(&blobs)? {
+        bytes_written += e?.metadata()?.len();
+    }
+    bytes_written += fs::metadata(out.join("bootstrap"))?.len();
+    Ok(NydusBuild {
+        time,
+        peak_rss,
+        bytes_written,
+    })
+}
 
 fn main() -> Res<()> {
     if let Some(config) = std::env::var_os(CHILD_CONFIG) {
@@ -233,6 +334,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
         .output()
         .is_ok_and(|o| o.status.success());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let nydus_bin = nydus_image()?;
 
     // Warm the page cache so the first measurement does not pay for disk reads.
     sha256_all(&paths, 1)?;
@@ -243,6 +345,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
     let mut shan = Vec::new();
     let mut tar_zstd: [(Vec<Duration>, u64); 2] = Default::default();
     let mut runs: Vec<BuildRuns> = configs.iter().map(|_| BuildRuns::default()).collect();
+    let mut nydus_runs: Vec<NydusBuild> = Vec::new();
     let mut default_bootstrap = Vec::new();
     // Round-robin over everything, so load from other work on the machine spreads over
     // every row instead of landing on one.
@@ -274,12 +377,19 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             runs[i].last = Some(summary);
             fs::remove_dir_all(&out)?;
         }
+        if let Some(bin) = &nydus_bin {
+            let out = tmp.join(format!("out-nydus-{rep}"));
+            nydus_runs.push(nydus_build(bin, &tree.root, &out)?);
+            fs::remove_dir_all(&out)?;
+        }
     }
 
     let mb = tree.total_bytes as f64 / 1e6;
     let sha1 = Timing::from_samples(sha1);
     let shan = Timing::from_samples(shan);
     let tz9 = zstd_cli.then(|| Timing::from_samples(tar_zstd[0].0.clone()));
+    let nydus = (!nydus_runs.is_empty())
+        .then(|| Timing::from_samples(nydus_runs.iter().map(|r| r.time).collect()));
     let mut table = Table::new(
         &format!(
             "1. Build throughput: {} files, {:.0} MB, warm page cache",
@@ -293,6 +403,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             "vs sha256 1 thread",
             &format!("vs sha256 {threads} threads"),
             "vs tar+zstd -9",
+            "vs nydus-image",
             "output",
             "in/out",
             "peak RSS",
@@ -310,6 +421,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             vs(t, Some(&sha1)),
             vs(t, Some(&shan)),
             vs(t, tz9.as_ref()),
+            vs(t, nydus.as_ref()),
             out.map_or("—".into(), fmt_bytes),
             out.map_or("—".into(), |o| {
                 format!("{:.2}×", tree.total_bytes as f64 / o as f64)
@@ -344,12 +456,24 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             );
         }
     }
+    if let (Some(t), Some(last)) = (&nydus, nydus_runs.last()) {
+        let rss = nydus_runs.iter().filter_map(|r| r.peak_rss).max();
+        row(
+            &mut table,
+            "nydus-image create (RAFS v6, zstd-3, 1 MiB)",
+            t,
+            Some(last.bytes_written),
+            rss,
+        );
+    }
     let mut max_peak = 0;
+    let mut default_build = None;
     for (c, r) in configs.iter().zip(runs) {
         let t = Timing::from_samples(r.samples);
         let out = r.last.as_ref().map(|s| s.bytes_written);
         max_peak = max_peak.max(r.peak_rss);
         row(&mut table, c.name, &t, out, Some(r.peak_rss));
+        default_build.get_or_insert(t);
     }
     table.note("MB/s = input bytes / wall time of Builder::new + add_dir + finish (bootstrap and blob written to the same disk).");
     table.note(
@@ -361,10 +485,26 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
     }
     table.note("each Tessera build runs in a fresh process (this binary again); its time is measured inside it, around the build alone.");
     table.note("peak RSS = that process's VmHWM at the end of the build: the build's peak memory, process start-up included.");
-    table.note(format!(
-        "mission target: ≥ 3 × nydus-image create's published {NYDUS_PUBLISHED_MB_S} MB/s = {:.0} MB/s (published figure on the mission's Python tree, not measured side by side).",
-        3.0 * NYDUS_PUBLISHED_MB_S
-    ));
+    match (&nydus, &default_build) {
+        (Some(n), Some(d)) => {
+            let x = n.secs() / d.secs();
+            table.note(format!(
+                "nydus-image create {}, timed around its process (start-up included), peak RSS from GNU time; its blake3 digests are its default.",
+                NYDUS_CREATE_ARGS[2..].join(" ")
+            ));
+            table.note(format!(
+                "tessera build vs nydus-image create: {} ({:.0} against {:.0} MB/s, default options, same tree, same rounds); mission target ≥ {}×: {}.",
+                ratio(x),
+                mb / d.secs(),
+                mb / n.secs(),
+                BUILD_VS_NYDUS_TARGET,
+                if x >= BUILD_VS_NYDUS_TARGET { "met" } else { "missed" }
+            ));
+        }
+        _ => table.note(format!(
+            "nydus-image: not run (TESSERA_BENCH_NYDUS=off); the mission's build target (≥ {BUILD_VS_NYDUS_TARGET}× nydus-image create's throughput on the same tree) is not judged."
+        )),
+    }
     table.print();
     println!(
         "  peak RSS over all builds: {} (VmHWM)",
