@@ -411,10 +411,7 @@ fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
     let timing = mount_and_start(bed, &agent, tag, &dir.join("mnt"), &dir.join("run"));
     drop(agent);
     let _ = std::fs::remove_dir_all(&dir);
-    Timing {
-        peer: None,
-        ..timing
-    }
+    timing
 }
 
 /// An agent (on a host of its own, alive for the whole run) whose cache holds all of
@@ -444,10 +441,7 @@ fn tessera_full_cache(bed: &Bed, agent: &AgentProcess, rep: usize) -> Timing {
     );
     let timing = mount_and_start(bed, agent, CONVERTED, &mnt, &work);
     let _ = std::fs::remove_dir_all(&work);
-    Timing {
-        peer: None,
-        ..timing
-    }
+    timing
 }
 
 /// `tar -c` of the largest trees twice, through `root`: the page cache as it is (the

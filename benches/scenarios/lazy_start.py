@@ -187,7 +187,7 @@ def render_link(r):
     lines = ["", "| method | start-up s | of which waiting for data s | "
                  "link time for the bytes sent s | bound |", "|---|---:|---:|---:|---|"]
     for row in shown:
-        if row["method"] == TESSERA_FULL or "peer_bytes" in row or "full local" in row["method"]:
+        if "full local" in row["method"] or row.get("peer_bytes", 0) > row.get("origin_chunk_bytes", 0):
             bound = "not the link: the data is local or on a peer"
         elif row["link_seconds"] >= 0.7 * row["start_seconds"]:
             bound = "the link (fetch fewer bytes to go faster)"
