@@ -96,7 +96,7 @@ nydus-deps:
 	  $(CARGO) install --list --root $(NYDUS) | grep -qx 'nydus-rs v$(NYDUS_VERSION):' || { \
 	  echo "building nydus-rs $(NYDUS_VERSION) (crates.io) into $(NYDUS)"; \
 	  $(CARGO) install nydus-rs --version $(NYDUS_VERSION) --locked --force --root $(abspath $(NYDUS)); }
-bench-format bench-convert bench-mount bench-suite: nydus-deps
+bench-format bench-convert bench-mount bench-lazy-start bench-suite: nydus-deps
 
 # ctr pull straight from the registry vs through the node's agent as its mirror, one node,
 # registry uncapped: what the mirror costs a pull (root; N nodes: bench-swarm).
@@ -104,10 +104,13 @@ bench-format bench-convert bench-mount bench-suite: nydus-deps
 bench-mirror:
 	$(CARGO) bench -p tessera-agent --bench mirror
 
-# Time to a started application on a cold node, ~1 GB image (benches/image.sh), capped
-# registry: skopeo + umoci and ctr pull vs tessera mount, cold and with a prefetch list
-# (root). TESSERA_BENCH_{LAZY_CAP,REPS}, TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
+# Time to a started application, ~1 GB image (benches/image.sh), capped registry:
+# skopeo + umoci and ctr pull vs tessera mount (cold, with a prefetch list, over a full
+# local cache, every chunk on a peer: the scheduler's binary) vs nydusd on the same tree,
+# and a tar of the largest trees through each (root). TESSERA_BENCH_{LAZY_CAP,REPS,
+# LAZY_ONLY,NYDUS}, TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
 bench-lazy-start:
+	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench lazy_start
 
 # The benchmark suite at smoke size, in `make test` so it cannot rot: the small image,
@@ -116,7 +119,8 @@ bench-lazy-start:
 bench-smoke:
 	@rm -rf target/bench-smoke
 	python3 benches/report.py target/bench-smoke --write-machine "make bench-smoke"
-	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_LAZY_CAP=400mbit \
+	$(CARGO) build -q -p tessera-scheduler
+	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_LAZY_CAP=400mbit TESSERA_BENCH_NYDUS=off \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/lazy_start.json) \
 	  $(CARGO) test -q -p tessera-agent --bench lazy_start
 	python3 benches/check_results.py target/bench-smoke/lazy_start.json
@@ -131,7 +135,6 @@ bench-smoke:
 	TESSERA_BENCH_SCALE=0.02 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/scheduler.json) \
 	  $(CARGO) test -q -p tessera-benches --bench scheduler
 	python3 benches/check_results.py target/bench-smoke/scheduler.json
-	$(CARGO) build -q -p tessera-scheduler
 	TESSERA_BENCH_SWARM_NODES=1,3 TESSERA_BENCH_SWARM_MB=8 TESSERA_BENCH_SWARM_CAP=400mbit \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/swarm.json) \
 	  $(CARGO) test -q -p tessera-agent --bench swarm
@@ -139,8 +142,11 @@ bench-smoke:
 	$(BENCHPLOT_PY) benches/report.py target/bench-smoke --out target/bench-smoke/RESULTS.md --plots target/bench-smoke
 	@grep -q '^| nodes | ctr pull (baseline) |' target/bench-smoke/RESULTS.md && test -s target/bench-smoke/swarm.png || \
 	  { echo "bench-smoke: RESULTS.md has no swarm table or no swarm.png"; cat target/bench-smoke/RESULTS.md; exit 1; }
-	@grep -q '^| tessera mount (cold) |' target/bench-smoke/RESULTS.md || \
-	  { echo "bench-smoke: RESULTS.md has no lazy-start table"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^| tessera mount (cold) |' target/bench-smoke/RESULTS.md && \
+	  grep -q '^| tessera mount, every chunk on a peer |' target/bench-smoke/RESULTS.md && \
+	  grep -q '^| tar: tessera mount, full local cache |' target/bench-smoke/RESULTS.md && \
+	  grep -q '^nydusd: not run (TESSERA_BENCH_NYDUS=off)' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no lazy-start tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| in process |' target/bench-smoke/RESULTS.md || \
@@ -155,6 +161,7 @@ BENCH_RESULTS := target/bench-results
 bench-suite:
 	@rm -rf $(BENCH_RESULTS)
 	python3 benches/report.py $(BENCH_RESULTS) --write-machine "make bench-suite"
+	$(CARGO) build --release -p tessera-scheduler
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/lazy_start.json \
 	  $(CARGO) bench -p tessera-agent --bench lazy_start
 	$(CARGO) build --release -p tessera-agent --bin tessera
@@ -162,7 +169,6 @@ bench-suite:
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/read.json bash benches/read.sh
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/scheduler.json \
 	  $(CARGO) bench -p tessera-benches --bench scheduler
-	$(CARGO) build --release -p tessera-scheduler
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/swarm.json \
 	  $(CARGO) bench -p tessera-agent --bench swarm
 	python3 benches/check_results.py $(BENCH_RESULTS)/*.json
