@@ -1313,12 +1313,35 @@ fn files_all_in_the_cache_are_read_by_the_kernel_through_passthrough() {
     agent.ok(&["umount", s(&mnt)]);
 
     agent.ok(&["mount", &reference, s(&mnt)]);
+    // A listing of the directory reads what the cache holds of its files into memory
+    // ahead of the walk: the backing copies of the two big files, the small file's chunk.
+    let listed = std::fs::read_dir(&mnt).unwrap().count();
+    assert_eq!(listed, files.len());
+    let all: usize = files.iter().map(|(_, d)| d.len()).sum();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while metric(&agent, "tessera_agent_cache_warmed_bytes_total") != Some(all as f64) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listing warmed {:?} bytes of {all}\n{}",
+            metric(&agent, "tessera_agent_cache_warmed_bytes_total"),
+            agent.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_files_read(&mnt, &files, "warm, through passthrough", &agent);
     let opens = metric(&agent, "tessera_agent_fuse_passthrough_opens_total");
     assert_eq!(
         opens,
         Some(3.0),
         "every file opened with a backing file (a kernel without FUSE passthrough, Linux < 6.9, fails this)\n{}",
+        agent.log()
+    );
+    // Opened again: the backing ids were kept registered at close, so nothing new.
+    assert_files_read(&mnt, &files, "again, through passthrough", &agent);
+    assert_eq!(
+        metric(&agent, "tessera_agent_fuse_passthrough_opens_total"),
+        Some(3.0),
+        "a second open registered another backing file\n{}",
         agent.log()
     );
     let m = &agent.status()["mounts"][0];

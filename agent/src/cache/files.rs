@@ -159,6 +159,15 @@ impl BackingFiles {
         self.index.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Where the backing file of `layout` is, if one was made (not counted as a use).
+    pub(super) fn path(&self, layout: &FileLayout) -> Option<PathBuf> {
+        let id = layout.id();
+        self.index()
+            .files
+            .contains_key(&id)
+            .then(|| file_path(&self.dir, &id))
+    }
+
     /// The backing file of `layout`, opened for reading, if one was made; its use is
     /// recorded.
     pub(super) fn open_file(&self, layout: &FileLayout) -> Option<fs::File> {

@@ -56,6 +56,7 @@ mod layout;
 pub mod pieces;
 #[cfg(test)]
 mod tests;
+mod warm;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -66,7 +67,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use rafs_format::chunk::DigestAlgo;
@@ -119,6 +120,10 @@ pub struct CacheStats {
     /// the capacity; not in `bytes`).
     #[serde(default)]
     pub backing_bytes: u64,
+    /// Bytes read into the page cache ahead of a walk of the mount (see
+    /// [`ChunkCache::warm`]).
+    #[serde(default)]
+    pub warmed_bytes: u64,
 }
 
 /// Why chunks left the cache, for the hook set with [`ChunkCache::on_drop`].
@@ -248,6 +253,11 @@ pub struct ChunkCache {
     verification_failures: AtomicU64,
     stored_bytes: AtomicU64,
     verified_bytes: AtomicU64,
+    /// Bytes read into the page cache ahead of a walk (`warm.rs`).
+    warmed_bytes: AtomicU64,
+    /// The warming threads, started at the first [`warm`](Self::warm); `None` if none
+    /// could be.
+    warmer: std::sync::OnceLock<Option<warm::Warmer>>,
     stripes: Box<[Mutex<Pins>]>,
     /// One evictor at a time: two would race each other over the same LRU front.
     evicting: Mutex<()>,
@@ -347,6 +357,8 @@ impl ChunkCache {
             verification_failures: AtomicU64::new(0),
             stored_bytes: AtomicU64::new(0),
             verified_bytes: AtomicU64::new(0),
+            warmed_bytes: AtomicU64::new(0),
+            warmer: std::sync::OnceLock::new(),
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
             evicting: Mutex::new(()),
             checkpointing: Mutex::new(()),
@@ -578,6 +590,38 @@ impl ChunkCache {
             .all(|key| memory.slots.get(key).is_some_and(|slot| slot.trusted))
     }
 
+    /// Reads what the cache holds of `layouts` into the kernel's page cache, in the
+    /// background and several files at once, ahead of a walk that is about to read
+    /// them (see `warm.rs`). Never blocks: what the queue has no room for is not warmed.
+    pub fn warm(self: &Arc<Self>, layouts: impl IntoIterator<Item = FileLayout>) {
+        let warmer = self
+            .warmer
+            .get_or_init(|| warm::Warmer::start(Arc::downgrade(self)));
+        if let Some(warmer) = warmer {
+            for layout in layouts {
+                if !warmer.offer(layout) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The local files a read of `layout` would read: its backing copy if it has one,
+    /// else the files of its chunks that are cached.
+    fn warm_paths(&self, layout: &FileLayout) -> Vec<PathBuf> {
+        if let Some(copy) = self.files.path(layout) {
+            return vec![copy];
+        }
+        let memory = self.memory();
+        layout
+            .pieces
+            .iter()
+            .filter_map(|(_, _, key)| key.as_ref())
+            .filter(|key| memory.slots.contains_key(key))
+            .map(|key| chunk_path(&self.data_dir, key))
+            .collect()
+    }
+
     /// Makes the backing file of a file whose chunks are all cached and trusted (a
     /// copy: see `files.rs`); `false` if it has one, or a chunk is missing.
     pub fn make_backing_file(&self, layout: &FileLayout) -> Result<bool> {
@@ -672,6 +716,7 @@ impl ChunkCache {
             unverified: self.memory().untrusted,
             verified_bytes: self.verified_bytes.load(Relaxed),
             backing_bytes: self.files.bytes(),
+            warmed_bytes: self.warmed_bytes.load(Relaxed),
         }
     }
 

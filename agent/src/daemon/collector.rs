@@ -52,6 +52,11 @@ impl Collector for AgentCollector {
                 "Cached bytes re-verified by the scrub and `tessera cache verify`",
                 cache.verified_bytes,
             ),
+            (
+                "tessera_agent_cache_warmed_bytes",
+                "Cached bytes read into the page cache ahead of a walk of a mount",
+                cache.warmed_bytes,
+            ),
         ];
         let uploaded = agent
             .network

@@ -113,6 +113,13 @@ impl ChunkReader for MountedImage {
             });
     }
 
+    fn listed(&self, files: Vec<(Vec<FileChunk>, u64)>) {
+        let layouts = files
+            .iter()
+            .filter_map(|(pieces, size)| self.layout(pieces, *size));
+        self.cache.warm(layouts);
+    }
+
     fn observe_read(&self, ino: u32, _offset: u64, len: u64) {
         self.bytes_read.fetch_add(len, Ordering::Relaxed);
         self.fetcher.metrics.read_bytes.inc_by(len);

@@ -15,6 +15,7 @@ pub const EINVAL: c_int = 22;
 pub const EROFS: c_int = 30;
 pub const ERANGE: c_int = 34;
 pub const ENODATA: c_int = 61;
+pub const ENOSYS: c_int = 38;
 
 /// `O_ACCMODE` and the one access mode a read-only filesystem opens with.
 pub const O_ACCMODE: i32 = 0o3;

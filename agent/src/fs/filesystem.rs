@@ -5,14 +5,14 @@
 //! operation that would change anything answers `EROFS` — the kernel already refuses
 //! them on a read-only mount, this is for requests that reach us anyway.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fuser::consts::{self, FOPEN_CACHE_DIR, FOPEN_KEEP_CACHE};
+use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
     BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
@@ -23,7 +23,7 @@ use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
 
 use super::attr::{self, TTL};
 use super::errno::{
-    EBADF, EINVAL, EIO, ENODATA, ENOENT, ENOTDIR, ERANGE, EROFS, O_ACCMODE, O_RDONLY, W_OK,
+    EBADF, EINVAL, EIO, ENODATA, ENOENT, ENOSYS, ENOTDIR, ERANGE, EROFS, O_ACCMODE, O_RDONLY, W_OK,
 };
 use super::pool::Pool;
 use super::read::{clamp, read_range};
@@ -33,6 +33,15 @@ use super::{ChunkReader, FsStats};
 const STATFS_BLOCK: u32 = 4096;
 /// Longest name, as the format allows (format.md §8).
 const NAME_MAX: u32 = 255;
+/// A directory listing tells the reader about this many of the regular files it names
+/// at most ([`ChunkReader::listed`]), and about files of this many bytes in all.
+const LISTED_FILES: usize = 128;
+const LISTED_BYTES: u64 = 64 << 20;
+/// Closed files whose backing id stays registered at most. Each holds a kernel file
+/// open on a chunk file or backing copy (a few hundred bytes of kernel memory; an
+/// evicted file's disk space is freed when its id goes), and covers a tree of this
+/// many files read twice.
+const MAX_IDLE_BACKING: usize = 65_536;
 
 /// One mounted image, owned by the session thread.
 pub struct ImageFs {
@@ -41,11 +50,19 @@ pub struct ImageFs {
     stats: Arc<FsStats>,
     pool: Pool,
     /// Open regular files by inode, with their pieces looked up (and validated) once
-    /// at open, so that each read is a binary search instead of a walk of the list;
-    /// and how many opens each has. The file handle given to the kernel is the inode
-    /// number: a session that takes over a FUSE connection after a restart (see
-    /// `handover`) can serve handles it never gave out.
-    open_files: HashMap<u64, (OpenFile, u32)>,
+    /// at open, so that each read is a binary search instead of a walk of the list.
+    /// The file handle given to the kernel is the inode number: a session that takes
+    /// over a FUSE connection after a restart (see `handover`) can serve handles it
+    /// never gave out. Closed files with a backing file stay here too (see `idle`).
+    open_files: HashMap<u64, Opened>,
+    /// Closed files kept with their backing id registered, oldest close first
+    /// (close sequence → inode): the next open of one is a map lookup, with no chunk
+    /// file to open and no backing file to register, nor one to unregister at its
+    /// close. A walk that reads a tree twice (a second `tar`, a second start of the
+    /// same program) opens each file again. Kept until the kernel forgets the inode or
+    /// `MAX_IDLE_BACKING` newer ones push it out.
+    idle: BTreeMap<u64, u64>,
+    next_close: u64,
     /// Asynchronous requests (readahead) the kernel may keep in flight: enough to keep
     /// every worker busy with some queued behind, rather than the kernel's default 12.
     max_background: u16,
@@ -62,6 +79,15 @@ pub struct ImageFs {
 
 /// An inode's extended attributes: (name, value), sorted by name.
 type Xattrs<'a> = Vec<(&'a [u8], &'a [u8])>;
+
+/// A regular file the kernel has open (`opens` times), or closed but kept for its
+/// backing id (`idle`: its key in `ImageFs::idle`).
+#[derive(Debug)]
+struct Opened {
+    file: OpenFile,
+    opens: u32,
+    idle: Option<u64>,
+}
 
 #[derive(Debug)]
 struct OpenFile {
@@ -99,6 +125,8 @@ impl ImageFs {
             stats,
             pool,
             open_files: HashMap::new(),
+            idle: BTreeMap::new(),
+            next_close: 0,
             max_background,
             statfs_blocks: None,
             read_latency,
@@ -218,6 +246,28 @@ impl ImageFs {
         }
     }
 
+    /// Tells the reader about the regular files `inos` a listing just named, within the
+    /// `LISTED_*` budget (a file bigger than what is left of it is skipped).
+    fn tell_listed(&self, inos: &[u32]) {
+        let mut files = Vec::new();
+        let mut bytes = 0;
+        for &ino in inos.iter().take(LISTED_FILES) {
+            let Ok(inode) = self.bootstrap.inode(ino) else {
+                continue;
+            };
+            if inode.size == 0 || inode.size > LISTED_BYTES - bytes {
+                continue;
+            }
+            if let Ok(pieces) = self.bootstrap.file_chunks(&inode) {
+                bytes += inode.size;
+                files.push((pieces, inode.size));
+            }
+        }
+        if !files.is_empty() {
+            self.reader.listed(files);
+        }
+    }
+
     fn xattrs(&self, ino: u64) -> Result<Xattrs<'_>, c_int> {
         let inode = self.inode(ino)?;
         self.bootstrap
@@ -315,19 +365,34 @@ impl Filesystem for ImageFs {
         if flags & O_ACCMODE != O_RDONLY {
             return reply.error(EROFS);
         }
+        if !self.passthrough {
+            // Without passthrough an open has nothing to hand the kernel: reads name
+            // the inode, the data never changes. ENOSYS tells the kernel to stop sending
+            // OPEN and RELEASE on this connection (two round trips less per file) and to
+            // keep each file's pages across opens (FOPEN_KEEP_CACHE, its default then).
+            return reply.error(ENOSYS);
+        }
         if !self.open_files.contains_key(&ino) {
             let mut file = match self.open_file(ino) {
                 Ok(file) => file,
                 Err(e) => return reply.error(e),
             };
             file.backing = self.backing_for(&file, &reply);
-            self.open_files.insert(ino, (file, 0));
+            let opened = Opened {
+                file,
+                opens: 0,
+                idle: None,
+            };
+            self.open_files.insert(ino, opened);
         }
-        let Some((opened, opens)) = self.open_files.get_mut(&ino) else {
+        let Some(opened) = self.open_files.get_mut(&ino) else {
             return reply.error(EIO);
         };
-        *opens += 1;
-        match &opened.backing {
+        opened.opens += 1;
+        if let Some(closed) = opened.idle.take() {
+            self.idle.remove(&closed);
+        }
+        match &opened.file.backing {
             // The kernel reads the backing file; nothing to keep in our own pages.
             Some(backing) => reply.opened_passthrough(ino, 0, backing),
             // The data never changes: keep cached pages across close and open.
@@ -350,11 +415,18 @@ impl Filesystem for ImageFs {
         if !self.open_files.contains_key(&ino) {
             // Opened before this session took over the connection.
             match self.open_file(ino) {
-                Ok(file) => self.open_files.insert(ino, (file, 0)),
+                Ok(file) => {
+                    let opened = Opened {
+                        file,
+                        opens: 0,
+                        idle: None,
+                    };
+                    self.open_files.insert(ino, opened)
+                }
                 Err(e) => return reply.error(e),
             };
         }
-        let Some((file, _)) = self.open_files.get(&ino) else {
+        let Some(Opened { file, .. }) = self.open_files.get(&ino) else {
             return reply.error(EBADF);
         };
         let Ok(offset) = u64::try_from(offset) else {
@@ -402,7 +474,11 @@ impl Filesystem for ImageFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock: u64, reply: ReplyEmpty) {
-        reply.ok();
+        // Nothing is ever written, so there is nothing to flush. ENOSYS tells the kernel
+        // to stop asking (it never sends another FLUSH on this connection): a close is
+        // then no round trip to us, which on a walk of many small files (tar, an
+        // interpreter's imports) is one wait less per file.
+        reply.error(ENOSYS);
     }
 
     fn release(
@@ -415,32 +491,59 @@ impl Filesystem for ImageFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Some((_, opens)) = self.open_files.get_mut(&ino) {
-            *opens = opens.saturating_sub(1);
-            if *opens == 0 {
-                // Dropping the backing id unregisters it; the kernel's open files keep
-                // their own reference to the backing file.
-                if let Some((file, _)) = self.open_files.remove(&ino) {
-                    if file.backing.is_none() && self.passthrough {
-                        self.reader.file_closed(&file.pieces, file.size);
-                    }
+        reply.ok();
+        let Some(opened) = self.open_files.get_mut(&ino) else {
+            return;
+        };
+        opened.opens = opened.opens.saturating_sub(1);
+        if opened.opens > 0 {
+            return;
+        }
+        if opened.file.backing.is_some() {
+            // Kept, backing id and all, for the next open (see `idle`).
+            let closed = self.next_close;
+            self.next_close += 1;
+            opened.idle = Some(closed);
+            self.idle.insert(closed, ino);
+            while self.idle.len() > MAX_IDLE_BACKING {
+                if let Some((_, oldest)) = self.idle.pop_first() {
+                    // Dropping the backing id unregisters it; the kernel's open files
+                    // keep their own reference to the backing file.
+                    self.open_files.remove(&oldest);
                 }
             }
+        } else if let Some(Opened { file, .. }) = self.open_files.remove(&ino) {
+            if self.passthrough {
+                self.reader.file_closed(&file.pieces, file.size);
+            }
         }
-        reply.ok();
+    }
+
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, _nlookup: u64) {
+        // The kernel dropped the inode: no open can name it again without a lookup,
+        // and the kernel has none left open. Its backing id goes.
+        if let Some(opened) = self.open_files.get(&ino) {
+            if opened.opens == 0 {
+                if let Some(closed) = opened.idle {
+                    self.idle.remove(&closed);
+                }
+                self.open_files.remove(&ino);
+            }
+        }
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _data: bool, reply: ReplyEmpty) {
-        reply.ok();
+        // As for flush: nothing to sync; the kernel stops asking and answers 0 itself.
+        reply.error(ENOSYS);
     }
 
-    fn opendir(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
-        // Stateless: a readdir offset names its entry. The listing never changes: the
-        // kernel may keep it across opens (a second walk of the tree asks us nothing).
-        match self.directory(ino) {
-            Ok(_) => reply.opened(0, FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(e),
-        }
+    fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
+        // Stateless: a readdir offset names its entry, so a directory needs no handle.
+        // ENOSYS tells the kernel so: it stops sending OPENDIR and RELEASEDIR on this
+        // connection (two round trips less per directory a walk enters) and keeps every
+        // listing cached (FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR, its default then), so a
+        // second walk of the tree asks us nothing.
+        reply.error(ENOSYS);
     }
 
     fn readdir(
@@ -452,16 +555,24 @@ impl Filesystem for ImageFs {
         mut reply: ReplyDirectory,
     ) {
         FsStats::count(&self.stats.readdirs, 1);
+        let mut files = Vec::new();
         let listed = self.list(ino, offset, |ino, next, kind, name| {
-            Ok(reply.add(
+            let full = reply.add(
                 ino.into(),
                 next,
                 attr::file_type(kind),
                 OsStr::from_bytes(name),
-            ))
+            );
+            if !full && kind == FileKind::Regular {
+                files.push(ino);
+            }
+            Ok(full)
         });
         match listed {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                reply.ok();
+                self.tell_listed(&files);
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -475,12 +586,20 @@ impl Filesystem for ImageFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         FsStats::count(&self.stats.readdirs, 1);
-        let listed = self.list(ino, offset, |ino, next, _kind, name| {
+        let mut files = Vec::new();
+        let listed = self.list(ino, offset, |ino, next, kind, name| {
             let attr = self.attr_of(ino)?;
-            Ok(reply.add(ino.into(), next, OsStr::from_bytes(name), &TTL, &attr, 0))
+            let full = reply.add(ino.into(), next, OsStr::from_bytes(name), &TTL, &attr, 0);
+            if !full && kind == FileKind::Regular {
+                files.push(ino);
+            }
+            Ok(full)
         });
         match listed {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                reply.ok();
+                self.tell_listed(&files);
+            }
             Err(e) => reply.error(e),
         }
     }

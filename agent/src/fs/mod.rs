@@ -74,6 +74,13 @@ pub trait ChunkReader: Send + Sync + 'static {
     /// open. Called on the session thread, so it must not block. Default: nothing.
     fn file_closed(&self, _pieces: &Arc<[FileChunk]>, _size: u64) {}
 
+    /// Told about the regular files a directory listing just named (each file's pieces
+    /// and size, in listing order, within a budget): a walk of a tree reads the files
+    /// it lists, so the reader may bring what it holds of them on local disk into
+    /// memory first. Called on the session thread, so it must not block. Default:
+    /// nothing.
+    fn listed(&self, _files: Vec<(Vec<FileChunk>, u64)>) {}
+
     /// Told about every read the workload makes, clamped to the file's size (for stats
     /// and `mount --record`). Called on the session thread in the order the kernel sent
     /// the reads, before any data is fetched, so it must not block. Default: nothing.
