@@ -110,16 +110,27 @@ impl Fetcher {
     /// Answers everyone waiting for a unit; from now on it is no longer in flight (a
     /// verified unit is in the store by then).
     pub(super) fn answer(&self, planned: &Planned, outcome: Outcome) {
+        let _ = planned.done.send(Some(outcome));
+        self.land(planned);
+    }
+
+    /// Ends a unit's flight whose waiters were answered: later callers find it in the
+    /// store (or fetch it again, if it could not be stored).
+    fn land(&self, planned: &Planned) {
         self.flights
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&planned.unit.key);
-        let _ = planned.done.send(Some(outcome));
     }
 
     /// Blocking: verifies a unit's bytes from `source` (stored with `compression`),
-    /// stores it and answers its waiters. The `Fetched` on success; on a mismatch the
-    /// reason, and nobody is answered (the unit is fetched again elsewhere).
+    /// answers its waiters, then stores it. The waiters do not wait for the store (a
+    /// file created and written): the bytes are verified, and until the store is done
+    /// the unit stays in flight, so a caller coming meanwhile is answered from the
+    /// flight rather than fetching it again. The `Fetched` on success (`newly_stored`:
+    /// whether the store took it; the waiters were told `true`, that it is being
+    /// stored); on a mismatch the reason, and nobody is answered (the unit is fetched
+    /// again elsewhere).
     pub(super) fn verify_and_keep(
         &self,
         wanted: &dyn Wanted,
@@ -134,23 +145,28 @@ impl Fetcher {
         let bytes = data.len() as u64;
         wanted.observe(Event::Got { source, bytes });
         self.metrics.record(source, bytes, started.elapsed());
+        let data = Arc::new(data);
+        let _ = planned.done.send(Some(Ok(Fetched {
+            data: data.clone(),
+            source,
+            newly_stored: true,
+        })));
         let newly_stored = match self.store.put(&unit.key, &data) {
             Ok(()) => true,
             // The cache says so itself, once a minute.
             Err(crate::Error::CacheDiskFull { .. }) => false,
             Err(e) => {
-                // Serve it anyway; it will be fetched again next time.
+                // Served anyway; it will be fetched again next time.
                 tracing::warn!(unit = %unit.key, error = %e, "could not cache a chunk");
                 false
             }
         };
-        let got = Fetched {
-            data: Arc::new(data),
+        self.land(planned);
+        Ok(Fetched {
+            data,
             source,
             newly_stored,
-        };
-        self.answer(planned, Ok(got.clone()));
-        Ok(got)
+        })
     }
 
     /// Counts a failed request to `source`, or (with `verification`) bytes from it that

@@ -341,6 +341,9 @@ struct FakeStore {
     gets: AtomicUsize,
     /// Partial reads.
     reads: AtomicUsize,
+    /// When set, the next put waits for a message on it first (a slow disk; 5 s at
+    /// most).
+    put_gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 impl Store for FakeStore {
@@ -360,6 +363,11 @@ impl Store for FakeStore {
     }
     fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()> {
         assert_eq!(key.algo.digest(data), key.digest, "unverified bytes stored");
+        let gate = self.put_gate.lock().unwrap().take();
+        if let Some(gate) = gate {
+            // Bounded: a fetcher that stores before answering fails its test, not hangs.
+            let _ = gate.recv_timeout(Duration::from_secs(5));
+        }
         self.units.lock().unwrap().insert(*key, data.to_vec());
         Ok(())
     }
@@ -488,6 +496,7 @@ async fn a_miss_is_fetched_verified_and_stored_then_served_from_the_store() {
     assert_eq!(*got.data, unit_bytes(2));
     assert_eq!((got.source, got.newly_stored), (Source::Origin, true));
     assert_eq!(bed.origin.ranges(), [(2000, 3000)]);
+    bed.settle().await;
     assert!(bed.store.contains(&key_of(2)));
     // Again: from memory, then (a fetcher with an empty memory) from the store; no
     // new request.
@@ -512,6 +521,26 @@ async fn a_miss_is_fetched_verified_and_stored_then_served_from_the_store() {
         }),
         1
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_is_answered_before_its_unit_is_stored_and_nobody_fetches_it_twice() {
+    let bed = Bed::new(4, 1, FakeOrigin::new(4), None);
+    let (release, gate) = std::sync::mpsc::channel();
+    *bed.store.put_gate.lock().unwrap() = Some(gate);
+    // The store is stuck writing unit 1; its reader has the verified bytes anyway.
+    let got = tokio::time::timeout(Duration::from_secs(5), bed.get(1)).await;
+    assert_eq!(
+        data(got.expect("answered while the store writes")),
+        unit_bytes(1)
+    );
+    assert!(!bed.store.contains(&key_of(1)), "answered before the store");
+    // Asked again meanwhile: from the flight (or memory), not the origin again.
+    assert_eq!(data(bed.get(1).await), unit_bytes(1));
+    release.send(()).unwrap();
+    bed.settle().await;
+    assert!(bed.store.contains(&key_of(1)));
+    assert_eq!(bed.origin.ranges(), [(1000, 2000)], "one request");
 }
 
 #[tokio::test(start_paused = true)]

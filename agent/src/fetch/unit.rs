@@ -50,8 +50,9 @@ impl Unit {
 pub struct Fetched {
     pub data: Arc<Vec<u8>>,
     pub source: Source,
-    /// This call's own fetch put it in the store (the mirror drops such pieces again
-    /// if the blob they were fetched for fails its digest).
+    /// This call's own fetch put it in the store, or is putting it there now (the
+    /// mirror drops such pieces again if the blob they were fetched for fails its
+    /// digest, and offers them to peers).
     pub newly_stored: bool,
 }
 

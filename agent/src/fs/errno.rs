@@ -11,6 +11,7 @@ pub const ENOENT: c_int = 2;
 pub const EIO: c_int = 5;
 pub const EBADF: c_int = 9;
 pub const ENOTDIR: c_int = 20;
+pub const ENOTTY: c_int = 25;
 pub const EINVAL: c_int = 22;
 pub const EROFS: c_int = 30;
 pub const ERANGE: c_int = 34;

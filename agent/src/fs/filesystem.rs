@@ -15,15 +15,16 @@ use std::time::SystemTime;
 use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
     BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use prometheus_client::metrics::histogram::Histogram;
 use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
 
 use super::attr::{self, TTL};
 use super::errno::{
-    EBADF, EINVAL, EIO, ENODATA, ENOENT, ENOSYS, ENOTDIR, ERANGE, EROFS, O_ACCMODE, O_RDONLY, W_OK,
+    EBADF, EINVAL, EIO, ENODATA, ENOENT, ENOSYS, ENOTDIR, ENOTTY, ERANGE, EROFS, O_ACCMODE,
+    O_RDONLY, W_OK,
 };
 use super::pool::Pool;
 use super::read::{clamp, read_range};
@@ -662,6 +663,23 @@ impl Filesystem for ImageFs {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(e),
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _flags: u32,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No file here has ioctls (programs probe, e.g. FS_IOC_GETFLAGS): the usual
+        // answer, without fuser's "not implemented" warning in the log for each probe.
+        reply.error(ENOTTY);
     }
 
     // Everything below would change the image.

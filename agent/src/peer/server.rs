@@ -4,6 +4,7 @@
 //! Uploads are bounded in number and in bandwidth so serving peers never starves the
 //! node's own workloads.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +35,10 @@ pub struct UploadLimits {
     /// saves the link's bytes).
     pub compress: bool,
 }
+
+/// Chunks of one upload read from the cache at once, ahead of the stream: at most this
+/// many chunks (8 MiB at the default chunk size) wait in memory per upload.
+const READS_AHEAD: usize = 8;
 
 /// zstd level of compressed uploads: the fastest, since it runs per upload.
 const UPLOAD_ZSTD_LEVEL: i32 = 1;
@@ -170,20 +175,30 @@ impl pb::peer_service_server::PeerService for PeerServer {
         let sent = self.sent.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            for digest in wanted.digests {
-                let key = ChunkKey { algo, digest };
-                // Verified as it leaves the node, and compressed if asked (file I/O,
-                // hashing, zstd: off the async workers); a chunk the disk spoiled is
-                // dropped, not served.
-                let cache = cache.clone();
-                let read = tokio::task::spawn_blocking(move || {
-                    let data = cache.get_verified(&key).ok().flatten()?;
-                    let bytes = data.len() as u64;
-                    Some((bytes, encode(data, compress)))
-                })
-                .await
-                .ok()
-                .flatten();
+            let mut digests = wanted.digests.into_iter();
+            // Reads in flight, in the order asked: a chunk file not in the page cache
+            // waits on the disk for its directory entry, inode and data, and a disk
+            // serves several such reads at once about as fast as one.
+            let mut reads = VecDeque::with_capacity(READS_AHEAD);
+            loop {
+                while reads.len() < READS_AHEAD {
+                    let Some(digest) = digests.next() else { break };
+                    let key = ChunkKey { algo, digest };
+                    // Verified as it leaves the node, and compressed if asked (file
+                    // I/O, hashing, zstd: off the async workers); a chunk the disk
+                    // spoiled is dropped, not served.
+                    let cache = cache.clone();
+                    let read = tokio::task::spawn_blocking(move || {
+                        let data = cache.get_verified(&key).ok().flatten()?;
+                        let bytes = data.len() as u64;
+                        Some((bytes, encode(data, compress)))
+                    });
+                    reads.push_back((digest, read));
+                }
+                let Some((digest, read)) = reads.pop_front() else {
+                    return;
+                };
+                let read = read.await.ok().flatten();
                 // Chunks this node does not hold are skipped: the requester asks elsewhere.
                 let Some((bytes, (mut data, encoding))) = read else {
                     continue;
