@@ -185,6 +185,7 @@ impl Fetcher {
     /// A verified unit of `wanted`: from memory, the store, a flight under way, or a new
     /// fetch this call leads.
     pub async fn unit(self: &Arc<Self>, wanted: &Arc<dyn Wanted>, unit: Unit) -> Outcome {
+        let mut joined_a_failure = false;
         loop {
             if let Some(got) = self.in_memory(&unit) {
                 return Ok(got);
@@ -197,10 +198,15 @@ impl Fetcher {
                     return Ok(got);
                 }
             }
-            if let Some(outcome) = self.through_flight(wanted, unit).await {
-                return outcome;
+            match self.through_flight(wanted, unit).await {
+                // A flight this call only joined failed: it may have begun before the
+                // source came back (a read-ahead run, retrying). Once more, maybe
+                // leading a flight of its own.
+                Some((Err(_), false)) if !joined_a_failure => joined_a_failure = true,
+                Some((outcome, _)) => return outcome,
+                // The leader went away without an answer: try again, maybe as leader.
+                None => {}
             }
-            // The leader went away without an answer: try again, maybe as leader.
         }
     }
 
@@ -381,12 +387,13 @@ impl Fetcher {
 
     /// Joins the unit's flight, or starts one led by a task of its own (the run goes on
     /// in the background once the first unit is answered, so a reader is not held for
-    /// neighbours it may never read). `None`: the flight ended without an answer.
+    /// neighbours it may never read), and whether this call led it. `None`: the flight
+    /// ended without an answer.
     async fn through_flight(
         self: &Arc<Self>,
         wanted: &Arc<dyn Wanted>,
         unit: Unit,
-    ) -> Option<Outcome> {
+    ) -> Option<(Outcome, bool)> {
         let role = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             match flights.get(&unit.key) {
@@ -405,14 +412,15 @@ impl Fetcher {
             Role::Wait(rx) => (rx, false),
         };
         let answered = rx.wait_for(Option::is_some).await.ok()?.clone()?;
-        Some(answered.map(|mut got| {
+        let outcome = answered.map(|mut got| {
             if wanted.keep_in_memory() {
                 self.remember(unit.key, &got.data);
             }
             // Only the caller whose request started the fetch stored the unit.
             got.newly_stored &= led;
             got
-        }))
+        });
+        Some((outcome, led))
     }
 }
 

@@ -629,6 +629,25 @@ async fn an_origin_that_keeps_failing_gives_a_typed_error_after_the_attempts() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_reader_that_joined_a_failed_flight_tries_once_more_itself() {
+    // The origin fails exactly the first flight's attempts, then is back.
+    let attempts = FetchConfig::default().attempts as usize;
+    let origin = FakeOrigin {
+        latency: Duration::from_millis(100),
+        ..FakeOrigin::new(2)
+    };
+    origin.failures.store(attempts, Ordering::SeqCst);
+    let bed = Bed::new(2, 1, origin, None);
+    let (led, joined) = tokio::join!(bed.get(1), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        bed.get(1).await
+    });
+    assert!(led.is_err(), "the flight's own reader has its failure");
+    assert_eq!(data(joined), unit_bytes(1), "the joiner led a new flight");
+    assert_eq!(bed.origin.ranges().len(), attempts + 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn corrupt_origin_bytes_are_discarded_and_fetched_again() {
     let origin = FakeOrigin::new(2);
     origin.corruptions.store(1, Ordering::SeqCst);
