@@ -14,6 +14,9 @@ use crate::cache::{ChunkCache, FileLayout};
 use crate::fetch::{ChunkRead, Fetcher, ImageChunks};
 use crate::fs::{ChunkReader, Data};
 
+/// How long a closed file's backing copy waits for its last chunks to be stored.
+const BACKING_WAIT: Duration = Duration::from_secs(5);
+
 /// What the filesystem reads through: the image's chunks, and the read statistics.
 #[derive(Debug)]
 pub struct MountedImage {
@@ -99,18 +102,30 @@ impl ChunkReader for MountedImage {
         let Some(layout) = self.layout(pieces, size) else {
             return;
         };
-        if !self.cache.wants_backing_file(&layout) {
-            return;
-        }
-        let cache = self.cache.clone();
-        // Copying may take a while (the kernel copies, or shares extents): off the
-        // session thread, on the blocking pool.
-        self.runtime
-            .spawn_blocking(move || match cache.make_backing_file(&layout) {
-                Ok(true) => tracing::debug!(bytes = layout.size, "made a passthrough backing file"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "could not make a passthrough backing file"),
-            });
+        let (cache, fetcher) = (self.cache.clone(), self.fetcher.clone());
+        // The file's last chunks may still be on their way to the disk (a reader is
+        // answered before its chunk is stored): wait for them, then copy, which may
+        // take a while (the kernel copies, or shares extents) — all off the session
+        // thread.
+        self.runtime.spawn(async move {
+            let keys: Vec<_> = layout.pieces.iter().filter_map(|p| p.2).collect();
+            fetcher.landed(&keys, BACKING_WAIT).await;
+            if !cache.wants_backing_file(&layout) {
+                return;
+            }
+            let made = tokio::task::spawn_blocking(move || {
+                let made = cache.make_backing_file(&layout);
+                (made, layout.size)
+            })
+            .await;
+            match made {
+                Ok((Ok(true), bytes)) => tracing::debug!(bytes, "made a passthrough backing file"),
+                Ok((Ok(false), _)) | Err(_) => {}
+                Ok((Err(e), _)) => {
+                    tracing::warn!(error = %e, "could not make a passthrough backing file");
+                }
+            }
+        });
     }
 
     fn listed(&self, files: Vec<(Vec<FileChunk>, u64)>) {

@@ -90,6 +90,9 @@ fn started_blocking<T: Send + 'static>(
 /// rarely share one.
 const STORE_READ_STRIPES: usize = 64;
 
+/// How often [`Fetcher::landed`] looks whether the units it waits for are stored.
+const LANDING_POLL: Duration = Duration::from_millis(10);
+
 /// The pipeline, shared by every mount, prefetch, preheat job and the mirror.
 pub struct Fetcher {
     store: Arc<dyn Store>,
@@ -176,6 +179,24 @@ impl Fetcher {
     pub fn with_peers(mut self, peers: Arc<dyn Peers>) -> Self {
         self.peers = Some(peers);
         self
+    }
+
+    /// Waits, at most `limit`, until none of `keys` is in flight: each has been
+    /// stored (or failed). Readers are answered before their unit is stored, so
+    /// what needs the units on disk (a passthrough backing file made when a file
+    /// closes) waits for this first.
+    pub async fn landed(&self, keys: &[ChunkKey], limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let flying = {
+                let flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+                keys.iter().any(|key| flights.contains_key(key))
+            };
+            if !flying {
+                return;
+            }
+            tokio::time::sleep(LANDING_POLL).await;
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
