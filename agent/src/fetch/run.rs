@@ -107,11 +107,12 @@ impl Fetcher {
         }
     }
 
-    /// Answers everyone waiting for a unit; from now on it is no longer in flight (a
-    /// verified unit is in the store by then).
+    /// Ends a unit's flight without storing it (it failed, or another source has it),
+    /// then answers everyone waiting: in that order, so a waiter that tries again finds
+    /// no flight and leads a new one, instead of joining this one again.
     pub(super) fn answer(&self, planned: &Planned, outcome: Outcome) {
-        let _ = planned.done.send(Some(outcome));
         self.land(planned);
+        let _ = planned.done.send(Some(outcome));
     }
 
     /// Ends a unit's flight whose waiters were answered: later callers find it in the
