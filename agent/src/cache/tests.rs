@@ -518,6 +518,133 @@ fn concurrent_gets_puts_and_pins_keep_the_cache_consistent() {
     assert_consistent(&cache);
 }
 
+/// A three-piece file (chunk, hole, chunk, chunk) of `all[a]`, `all[b]` and `all[c]`.
+fn three(all: &[(ChunkKey, Vec<u8>)], a: usize, b: usize, c: usize) -> FileLayout {
+    FileLayout {
+        size: 3 * SIZE as u64 + 100,
+        pieces: vec![
+            (0, SIZE as u32, Some(all[a].0)),
+            (SIZE as u64, 100, None),
+            (SIZE as u64 + 100, SIZE as u32, Some(all[b].0)),
+            (2 * SIZE as u64 + 100, SIZE as u32, Some(all[c].0)),
+        ],
+    }
+}
+
+fn read_backing(cache: &ChunkCache, layout: &FileLayout) -> Vec<u8> {
+    let mut got = Vec::new();
+    cache
+        .backing_file(layout)
+        .expect("a backing file")
+        .read_to_end(&mut got)
+        .unwrap();
+    got
+}
+
+#[test]
+fn a_backing_file_begun_at_open_is_whole_once_its_last_chunk_is_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 64 * SIZE as u64).unwrap();
+    let all = chunks(4);
+    // One chunk is cached already; the reader fetches the others.
+    cache.put(&all[1].0, &all[1].1).unwrap();
+    let layout = three(&all, 0, 1, 2);
+    let cached = cache.begin_backing_file(&layout);
+    assert_eq!(
+        cached,
+        vec![all[1].0],
+        "the cached chunk is offered for copying"
+    );
+    assert!(cache.copy_cached(&cached).is_ok());
+    assert!(cache.backing_file(&layout).is_none(), "not whole yet");
+    // Verified bytes go in before anyone gets them; a chunk no build lacks is ignored.
+    cache.verified(&all[3].0, &all[3].1);
+    cache.verified(&all[2].0, &all[2].1);
+    assert!(
+        cache.backing_file(&layout).is_none(),
+        "still lacks its first chunk"
+    );
+    assert_eq!(cache.stats().backing_bytes, 0);
+    cache.verified(&all[0].0, &all[0].1);
+    let mut expected = all[0].1.clone();
+    expected.resize(SIZE + 100, 0);
+    expected.extend_from_slice(&all[1].1);
+    expected.extend_from_slice(&all[2].1);
+    assert_eq!(read_backing(&cache, &layout), expected);
+    assert_eq!(cache.stats().backing_bytes, layout.size);
+    // Made: closing it makes nothing more, and a new open begins nothing.
+    cache.backing_file_closed(&layout);
+    assert!(!cache.make_backing_file(&layout).unwrap());
+    assert!(cache.begin_backing_file(&layout).is_empty());
+    assert_eq!(
+        files_under(&dir.path().join("files")).len(),
+        1,
+        "no temp file left"
+    );
+}
+
+#[test]
+fn a_backing_file_short_of_a_chunk_at_close_is_dropped_and_made_later_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 64 * SIZE as u64).unwrap();
+    let all = chunks(3);
+    let layout = three(&all, 0, 1, 2);
+    assert!(
+        cache.begin_backing_file(&layout).is_empty(),
+        "nothing cached"
+    );
+    // The reader read two of the three chunks, then closed.
+    for (key, data) in &all[..2] {
+        cache.verified(key, data);
+        cache.put(key, data).unwrap();
+    }
+    assert!(
+        !files_under(&dir.path().join("files")).is_empty(),
+        "a temp file"
+    );
+    cache.backing_file_closed(&layout);
+    assert!(!cache.make_backing_file(&layout).unwrap());
+    assert!(cache.backing_file(&layout).is_none());
+    assert!(
+        files_under(&dir.path().join("files")).is_empty(),
+        "what was built is dropped"
+    );
+    // A verified chunk no longer feeds it.
+    cache.verified(&all[2].0, &all[2].1);
+    assert!(files_under(&dir.path().join("files")).is_empty());
+    // Once every chunk is cached, a close copies them all.
+    cache.put(&all[2].0, &all[2].1).unwrap();
+    assert!(cache.make_backing_file(&layout).unwrap());
+    assert_eq!(read_backing(&cache, &layout).len() as u64, layout.size);
+    // Builds may take a quarter of the capacity between them: a file bigger is not begun.
+    let small_dir = tempfile::tempdir().unwrap();
+    let small = ChunkCache::open(small_dir.path(), 8 * SIZE as u64).unwrap();
+    assert!(small.begin_backing_file(&layout).is_empty());
+    small.verified(&all[0].0, &all[0].1);
+    assert!(!small.files.building(&layout));
+}
+
+#[test]
+fn a_build_is_kept_at_a_close_while_its_file_is_open_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = ChunkCache::open(dir.path(), 64 * SIZE as u64).unwrap();
+    let all = chunks(3);
+    let layout = three(&all, 0, 1, 2);
+    // `head` opens the file, reads a little and closes; `cat` opens it meanwhile.
+    cache.begin_backing_file(&layout);
+    cache.verified(&all[0].0, &all[0].1);
+    cache.begin_backing_file(&layout);
+    cache.backing_file_closed(&layout);
+    assert!(!cache.make_backing_file(&layout).unwrap());
+    assert!(cache.files.building(&layout), "dropped while open");
+    // `cat` reads the rest: whole by its last chunk.
+    cache.verified(&all[1].0, &all[1].1);
+    cache.verified(&all[2].0, &all[2].1);
+    assert_eq!(read_backing(&cache, &layout).len() as u64, layout.size);
+    cache.backing_file_closed(&layout);
+    assert!(!cache.make_backing_file(&layout).unwrap(), "made already");
+}
+
 #[test]
 fn backing_files_are_copies_within_a_quarter_of_the_capacity() {
     let dir = tempfile::tempdir().unwrap();
