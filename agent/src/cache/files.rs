@@ -2,24 +2,22 @@
 //! in one file on local disk that the kernel reads with no round trip to the agent.
 //!
 //! A file that is one whole chunk needs nothing new: the chunk's own file is its
-//! backing file. A file of several chunks (or with holes) gets a copy:
-//! `<dir>/files/<xx>/<hex>`, named by the file's [`FileLayout`] (a digest over its size
-//! and each piece), so identical files of different images share one. A copy is built
-//! piece by piece in a temp file (a [`Build`]) and renamed into place once every piece
-//! is in it, so it is whole or absent. Pieces come from trusted chunk files
+//! backing file. A file of several chunks (or with holes) gets a copy, made once all its
+//! chunks are cached and trusted: `<dir>/files/<xx>/<hex>`, named by the file's
+//! [`FileLayout`] (a digest over its size and each piece), so identical files of
+//! different images share one. Each is copied from trusted chunk files
 //! (`copy_file_range`: the kernel copies, and filesystems that share extents, such as
-//! XFS and Btrfs, share them instead), or, for a build begun when the file was opened,
-//! from the fetcher's bytes as each chunk is verified, before the reader gets them: a
-//! file read whole is ready for passthrough by the time its reader has its last byte. Backing files count against the cache's capacity and may take
+//! XFS and Btrfs, share them instead), written to a temp file and renamed into place, so
+//! it is whole or absent. Backing files count against the cache's capacity and may take
 //! at most a quarter of it; the least recently opened go first. At open, those the last
 //! checkpoint did not cover are removed (made again when next needed), like temp files.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -96,74 +94,8 @@ pub(super) struct BackingFiles {
     dir: PathBuf,
     index: Mutex<Index>,
     bytes: AtomicU64,
-    /// Backing files being built now.
-    builds: Mutex<Builds>,
-    /// How many builds there are: a chunk verified while there are none costs no lock.
-    building: AtomicUsize,
-}
-
-/// The backing files being built, and which chunks each still lacks.
-#[derive(Default)]
-struct Builds {
-    by_id: HashMap<[u8; 32], Build>,
-    /// chunk → the builds lacking it.
-    lacking: HashMap<ChunkKey, Vec<[u8; 32]>>,
-    /// The sum of the builds' file sizes: what they may come to take on disk.
-    bytes: u64,
-    /// Numbers the builds, so a writer finishing after its build was dropped and begun
-    /// again does not count against the new one.
-    next_serial: u64,
-}
-
-/// A backing file being built: a temp file beside its final place (made at the first
-/// piece written), and the pieces not in it yet.
-struct Build {
-    serial: u64,
-    size: u64,
-    tmp: Option<(Arc<fs::File>, tempfile::TempPath)>,
-    /// chunk → the pieces (file offset, length) it fills.
-    missing: HashMap<ChunkKey, Vec<(u64, u32)>>,
-    /// Pieces being written now, outside the lock: the build is done when none is
-    /// missing and none is being written.
-    writers: usize,
-    /// Opens of the file it was begun for that have not closed: a close that finds
-    /// chunks still missing drops the build only when no other open may yet read them.
-    opens: usize,
-}
-
-impl Builds {
-    /// Takes build `id` out, and out of the lacking lists.
-    fn take(&mut self, id: &[u8; 32]) -> Option<Build> {
-        let build = self.by_id.remove(id)?;
-        self.bytes -= build.size;
-        for key in build.missing.keys() {
-            self.unlack(key, id);
-        }
-        Some(build)
-    }
-
-    fn unlack(&mut self, key: &ChunkKey, id: &[u8; 32]) {
-        if let Some(ids) = self.lacking.get_mut(key) {
-            ids.retain(|other| other != id);
-            if ids.is_empty() {
-                self.lacking.remove(key);
-            }
-        }
-    }
-}
-
-/// A writer's share of a build: its id and serial, its temp file, the pieces to write.
-type Job = ([u8; 32], u64, Arc<fs::File>, Vec<(u64, u32)>);
-
-/// What [`BackingFiles::begin`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Begun {
-    /// The backing file exists.
-    Made,
-    /// Too big for what builds may take now: none begun.
-    NoRoom,
-    /// A build (new or already under way) that lacks these chunks.
-    Lacking(Vec<ChunkKey>),
+    /// Layouts being made now: one maker each.
+    making: Mutex<HashSet<[u8; 32]>>,
 }
 
 impl BackingFiles {
@@ -204,8 +136,7 @@ impl BackingFiles {
             dir,
             index: Mutex::default(),
             bytes: AtomicU64::new(0),
-            builds: Mutex::default(),
-            building: AtomicUsize::new(0),
+            making: Mutex::default(),
         };
         let mut index = files.index();
         for (_, id, size) in found {
@@ -257,193 +188,39 @@ impl BackingFiles {
         }
     }
 
-    fn builds(&self) -> MutexGuard<'_, Builds> {
-        self.builds.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether `layout`'s backing file is being built.
-    pub(super) fn building(&self, layout: &FileLayout) -> bool {
-        self.building.load(Relaxed) > 0 && self.builds().by_id.contains_key(&layout.id())
-    }
-
-    /// Begins building `layout`'s backing file, or joins the build under way (counting
-    /// an open of the file, if `open`, until [`closed`](Self::closed)): in memory only,
-    /// cheap enough for a FUSE session thread (the temp file is made at the first
-    /// piece). Builds may together take `room` bytes. Pieces go in through
-    /// [`feed`](Self::feed).
-    pub(super) fn begin(&self, layout: &FileLayout, room: u64, open: bool) -> Begun {
+    /// Makes `layout`'s backing file by copying each piece from `chunk_file(key)`
+    /// (which the caller has pinned and trusts); `false` if it exists or is being made.
+    pub(super) fn make(
+        &self,
+        layout: &FileLayout,
+        chunk_file: impl Fn(&ChunkKey) -> PathBuf,
+    ) -> Result<bool> {
         let id = layout.id();
         if self.index().files.contains_key(&id) {
-            return Begun::Made;
+            return Ok(false);
         }
-        let mut builds = self.builds();
-        if let Some(build) = builds.by_id.get_mut(&id) {
-            build.opens += usize::from(open);
-            return Begun::Lacking(build.missing.keys().copied().collect());
+        if !self
+            .making
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id)
+        {
+            return Ok(false);
         }
-        if builds.bytes + layout.size > room {
-            return Begun::NoRoom;
-        }
-        let mut missing: HashMap<ChunkKey, Vec<(u64, u32)>> = HashMap::new();
-        for (offset, len, chunk) in &layout.pieces {
-            if let Some(key) = chunk {
-                missing.entry(*key).or_default().push((*offset, *len));
-            }
-        }
-        if missing.is_empty() {
-            // All holes: nothing to wait for.
-            drop(builds);
-            let build = Build {
-                serial: 0,
-                size: layout.size,
-                tmp: None,
-                missing,
-                writers: 0,
-                opens: 0,
-            };
-            return match self.finish(&id, build) {
-                Ok(()) => Begun::Made,
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not make a passthrough backing file");
-                    Begun::NoRoom
-                }
-            };
-        }
-        for key in missing.keys() {
-            builds.lacking.entry(*key).or_default().push(id);
-        }
-        let lacking = missing.keys().copied().collect();
-        builds.bytes += layout.size;
-        let serial = builds.next_serial;
-        builds.next_serial += 1;
-        builds.by_id.insert(
-            id,
-            Build {
-                serial,
-                size: layout.size,
-                tmp: None,
-                missing,
-                writers: 0,
-                opens: usize::from(open),
-            },
-        );
-        self.building.store(builds.by_id.len(), Relaxed);
-        Begun::Lacking(lacking)
+        let made = self.write(&id, layout, chunk_file);
+        self.making
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        made.map(|()| true)
     }
 
-    /// Counts the close of an open that [`begin`](Self::begin) counted.
-    pub(super) fn closed(&self, layout: &FileLayout) {
-        if let Some(build) = self.builds().by_id.get_mut(&layout.id()) {
-            build.opens = build.opens.saturating_sub(1);
-        }
-    }
-
-    /// Drops `layout`'s build, if one is under way and its file is not open, and what
-    /// it wrote.
-    pub(super) fn abandon(&self, layout: &FileLayout) {
-        let mut builds = self.builds();
-        let id = layout.id();
-        if builds.by_id.get(&id).is_some_and(|build| build.opens == 0) {
-            builds.take(&id);
-        }
-        self.building.store(builds.by_id.len(), Relaxed);
-    }
-
-    /// Writes chunk `key`'s pieces into every build lacking them, with `write(file,
-    /// offset, len)` (the chunk's first `len` bytes at `offset`: the caller has them
-    /// verified), and makes the backing files that are then whole; how many it made. A
-    /// build whose piece could not be written is dropped (a file that is never whole
-    /// simply has no backing file).
-    pub(super) fn feed(
+    fn write(
         &self,
-        key: &ChunkKey,
-        write: impl Fn(&fs::File, u64, u32) -> std::io::Result<()>,
-    ) -> Result<usize> {
-        if self.building.load(Relaxed) == 0 {
-            return Ok(0);
-        }
-        let mut jobs = Vec::new();
-        let mut failed = None;
-        {
-            let mut builds = self.builds();
-            let ids = builds.lacking.get(key).cloned().unwrap_or_default();
-            for id in ids {
-                match self.job(&mut builds, &id, key) {
-                    Ok(Some(job)) => jobs.push(job),
-                    Ok(None) => {}
-                    Err(e) => {
-                        builds.take(&id);
-                        failed = Some(e);
-                    }
-                }
-            }
-            self.building.store(builds.by_id.len(), Relaxed);
-        }
-        let written: Vec<_> = jobs
-            .into_iter()
-            .map(|(id, serial, file, pieces)| {
-                let result = pieces
-                    .iter()
-                    .try_for_each(|(offset, len)| write(&file, *offset, *len));
-                (id, serial, result)
-            })
-            .collect();
-        let mut whole = Vec::new();
-        {
-            let mut builds = self.builds();
-            for (id, serial, result) in written {
-                let Some(build) = builds.by_id.get_mut(&id).filter(|b| b.serial == serial) else {
-                    continue; // dropped meanwhile
-                };
-                build.writers -= 1;
-                if let Err(e) = result {
-                    builds.take(&id);
-                    failed = Some(Error::io("write into a backing file", &self.dir, e));
-                    continue;
-                }
-                build.missing.remove(key);
-                let done = build.missing.is_empty() && build.writers == 0;
-                builds.unlack(key, &id);
-                if done {
-                    whole.extend(builds.take(&id).map(|build| (id, build)));
-                }
-            }
-            self.building.store(builds.by_id.len(), Relaxed);
-        }
-        let made = whole.len();
-        for (id, build) in whole {
-            self.finish(&id, build)?;
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(made),
-        }
-    }
-
-    /// Counts a writer of `key`'s pieces into build `id`, making its temp file if this is
-    /// its first piece: the file and pieces to write, or `None` if it has them already.
-    fn job(&self, builds: &mut Builds, id: &[u8; 32], key: &ChunkKey) -> Result<Option<Job>> {
-        let Some(build) = builds.by_id.get_mut(id) else {
-            return Ok(None);
-        };
-        let Some(pieces) = build.missing.get(key).cloned() else {
-            return Ok(None);
-        };
-        let file = match &build.tmp {
-            Some((file, _)) => file.clone(),
-            None => {
-                let (file, path) = self.temp_file(id)?;
-                let file = Arc::new(file);
-                build.tmp = Some((file.clone(), path));
-                file
-            }
-        };
-        build.writers += 1;
-        Ok(Some((*id, build.serial, file, pieces)))
-    }
-
-    /// A new temp file in backing file `id`'s shard.
-    fn temp_file(&self, id: &[u8; 32]) -> Result<(fs::File, tempfile::TempPath)> {
+        id: &[u8; 32],
+        layout: &FileLayout,
+        chunk_file: impl Fn(&ChunkKey) -> PathBuf,
+    ) -> Result<()> {
         let path = file_path(&self.dir, id);
         let shard = path.parent().unwrap_or(&self.dir).to_path_buf();
         fs::create_dir_all(&shard).map_err(|e| Error::io("create", &shard, e))?;
@@ -451,24 +228,22 @@ impl BackingFiles {
             .prefix(TMP_PREFIX)
             .tempfile_in(&shard)
             .map_err(|e| Error::io("create a backing file in", &shard, e))?;
-        Ok(tmp.into_parts())
-    }
-
-    /// Puts a whole build in place as backing file `id`.
-    fn finish(&self, id: &[u8; 32], build: Build) -> Result<()> {
-        let (file, tmp) = match build.tmp {
-            Some(made) => made,
-            None => self
-                .temp_file(id)
-                .map(|(file, tmp)| (Arc::new(file), tmp))?, // all holes
-        };
-        file.set_len(build.size)
-            .map_err(|e| Error::io("size", &tmp, e))?;
-        let path = file_path(&self.dir, id);
+        for (offset, len, chunk) in &layout.pieces {
+            let Some(key) = chunk else {
+                continue; // a hole: left sparse
+            };
+            let from = chunk_file(key);
+            let source = fs::File::open(&from).map_err(|e| Error::io("open", &from, e))?;
+            copy_range(&source, tmp.as_file(), *offset, u64::from(*len))
+                .map_err(|e| Error::io("copy into a backing file", &from, e))?;
+        }
+        tmp.as_file()
+            .set_len(layout.size)
+            .map_err(|e| Error::io("size", tmp.path(), e))?;
         tmp.persist(&path)
             .map_err(|e| Error::io("rename into", &path, e.error))?;
-        self.index().insert(*id, build.size);
-        self.bytes.fetch_add(build.size, Relaxed);
+        self.index().insert(*id, layout.size);
+        self.bytes.fetch_add(layout.size, Relaxed);
         Ok(())
     }
 
@@ -502,7 +277,7 @@ fn file_path(dir: &Path, id: &[u8; 32]) -> PathBuf {
 }
 
 /// Copies `len` bytes of `from` (from its start) to `to` at `at`, in the kernel.
-pub(super) fn copy_range(from: &fs::File, to: &fs::File, at: u64, len: u64) -> std::io::Result<()> {
+fn copy_range(from: &fs::File, to: &fs::File, at: u64, len: u64) -> std::io::Result<()> {
     let (mut read_at, mut write_at) = (0u64, at);
     while read_at < len {
         let left = usize::try_from(len - read_at).unwrap_or(usize::MAX);

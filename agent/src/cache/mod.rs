@@ -509,8 +509,6 @@ impl ChunkCache {
     /// `Err` means the chunk is not cached; the caller can still use its bytes.
     pub fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()> {
         debug_assert_eq!(key.algo.digest(data), key.digest, "unverified chunk put");
-        // A build begun after the fetcher's `verified` but before this put lacks it too.
-        self.verified(key, data);
         let size = data.len() as u64;
         if size > self.capacity || self.touch(key) {
             return Ok(());
@@ -624,102 +622,23 @@ impl ChunkCache {
             .collect()
     }
 
-    /// Begins building `layout`'s backing file as its reader opens it, so that a file
-    /// read whole is ready for passthrough by its next open (see `files.rs`): the
-    /// chunks it lacks that are cached now, for the caller to copy off the session
-    /// thread ([`copy_cached`](Self::copy_cached)); the others come in as the fetcher
-    /// verifies them ([`verified`](Self::verified)). In memory only; empty if the file
-    /// is one chunk, too big, or has its backing file. Each call counts an open, to be
-    /// ended by [`backing_file_closed`](Self::backing_file_closed).
-    pub fn begin_backing_file(&self, layout: &FileLayout) -> Vec<ChunkKey> {
-        self.begin_build(layout, true)
-    }
-
-    /// The file of an open counted by [`begin_backing_file`](Self::begin_backing_file)
-    /// closed.
-    pub fn backing_file_closed(&self, layout: &FileLayout) {
-        self.files.closed(layout);
-    }
-
-    fn begin_build(&self, layout: &FileLayout, open: bool) -> Vec<ChunkKey> {
-        if layout.single_chunk().is_some() || layout.size > self.capacity / 4 {
-            return Vec::new();
-        }
-        match self.files.begin(layout, self.capacity / 4, open) {
-            files::Begun::Lacking(keys) => {
-                let memory = self.memory();
-                keys.into_iter()
-                    .filter(|key| memory.slots.get(key).is_some_and(|slot| slot.trusted))
-                    .collect()
-            }
-            files::Begun::Made | files::Begun::NoRoom => Vec::new(),
-        }
-    }
-
-    /// Copies the cached, trusted chunks among `keys` into the backing files being built
-    /// that lack them; whether that made one.
-    pub fn copy_cached(&self, keys: &[ChunkKey]) -> Result<bool> {
-        let mut made = 0;
-        for key in keys {
-            let _pin = self.pin(key);
-            if !self.slot(key).is_some_and(|slot| slot.trusted) {
-                continue;
-            }
-            let Ok(chunk) = fs::File::open(chunk_path(&self.data_dir, key)) else {
-                continue; // evicted before the pin: the build stays short of it
-            };
-            made += self
-                .files
-                .feed(key, |to, at, len| {
-                    files::copy_range(&chunk, to, at, u64::from(len))
-                })
-                .map_err(|e| self.disk_full_or(e))?;
-        }
-        if made > 0 {
-            self.keep_capacity()?;
-        }
-        Ok(made > 0)
-    }
-
-    /// Bytes the fetcher has just verified against `key`, before it hands them to
-    /// anyone: written into the backing files being built that lack them, so the
-    /// build is whole by the time the reader has its last byte.
-    pub fn verified(&self, key: &ChunkKey, data: &[u8]) {
-        let fed = self
-            .files
-            .feed(key, |to, at, len| match data.get(..len as usize) {
-                Some(bytes) => to.write_all_at(bytes, at),
-                None => Err(io::Error::new(
-                    ErrorKind::InvalidData,
-                    format!("a piece of {len} bytes from a chunk of {}", data.len()),
-                )),
-            });
-        match fed.map_err(|e| self.disk_full_or(e)) {
-            Ok(0) => {}
-            Ok(_) => {
-                if let Err(e) = self.keep_capacity() {
-                    tracing::warn!(error = %e, "could not keep the cache within its capacity");
-                }
-            }
-            Err(Error::CacheDiskFull { .. }) => {} // said once a minute
-            Err(e) => {
-                tracing::warn!(chunk = %key, error = %e, "could not build a passthrough backing file")
-            }
-        }
-    }
-
-    /// Makes the backing file of a file whose chunks are all cached and trusted, or
-    /// finishes the one begun when it was opened: copies the cached chunks it still
-    /// lacks; if any is still missing, drops what was built unless the file is open
-    /// again. `true` if this made it.
+    /// Makes the backing file of a file whose chunks are all cached and trusted (a
+    /// copy: see `files.rs`); `false` if it has one, or a chunk is missing.
     pub fn make_backing_file(&self, layout: &FileLayout) -> Result<bool> {
-        if !self.files.building(layout) && !self.wants_backing_file(layout) {
+        if layout.single_chunk().is_some() || layout.size > self.capacity / 4 {
             return Ok(false);
         }
-        let keys = self.begin_build(layout, false);
-        let made = self.copy_cached(&keys)?;
-        if !made {
-            self.files.abandon(layout);
+        let keys: Vec<ChunkKey> = layout.pieces.iter().filter_map(|p| p.2).collect();
+        let _pins: Vec<PinGuard<'_>> = keys.iter().map(|key| self.pin(key)).collect();
+        if !self.wants_backing_file(layout) {
+            return Ok(false);
+        }
+        let made = self
+            .files
+            .make(layout, |key| chunk_path(&self.data_dir, key))
+            .map_err(|e| self.disk_full_or(e))?;
+        if made {
+            self.keep_capacity()?;
         }
         Ok(made)
     }

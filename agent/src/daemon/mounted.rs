@@ -98,28 +98,10 @@ impl ChunkReader for MountedImage {
         self.cache.backing_file(&self.layout(pieces, size)?)
     }
 
-    fn file_opened(&self, pieces: &Arc<[FileChunk]>, size: u64) {
-        let Some(layout) = self.layout(pieces, size) else {
-            return;
-        };
-        let cached = self.cache.begin_backing_file(&layout);
-        if cached.is_empty() {
-            return;
-        }
-        // Copying what the cache holds reads the disk: off the session thread.
-        let cache = self.cache.clone();
-        self.runtime.spawn_blocking(move || {
-            if let Err(e) = cache.copy_cached(&cached) {
-                tracing::warn!(error = %e, "could not build a passthrough backing file");
-            }
-        });
-    }
-
     fn file_closed(&self, pieces: &Arc<[FileChunk]>, size: u64) {
         let Some(layout) = self.layout(pieces, size) else {
             return;
         };
-        self.cache.backing_file_closed(&layout);
         let (cache, fetcher) = (self.cache.clone(), self.fetcher.clone());
         // The file's last chunks may still be on their way to the disk (a reader is
         // answered before its chunk is stored): wait for them, then copy, which may
@@ -128,6 +110,9 @@ impl ChunkReader for MountedImage {
         self.runtime.spawn(async move {
             let keys: Vec<_> = layout.pieces.iter().filter_map(|p| p.2).collect();
             fetcher.landed(&keys, BACKING_WAIT).await;
+            if !cache.wants_backing_file(&layout) {
+                return;
+            }
             let made = tokio::task::spawn_blocking(move || {
                 let made = cache.make_backing_file(&layout);
                 (made, layout.size)

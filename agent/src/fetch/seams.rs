@@ -105,9 +105,6 @@ pub trait Store: Send + Sync {
     fn contains(&self, key: &ChunkKey) -> bool;
     /// Keeps bytes the caller verified against `key`.
     fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()>;
-    /// Told of bytes just verified against `key`, before anyone is handed them (the
-    /// cache builds passthrough backing files from them).
-    fn verified(&self, _key: &ChunkKey, _data: &[u8]) {}
     /// Drops a unit; `true` if it was there.
     fn remove(&self, key: &ChunkKey) -> Result<bool>;
 }
@@ -124,9 +121,6 @@ impl Store for ChunkCache {
     }
     fn put(&self, key: &ChunkKey, data: &[u8]) -> Result<()> {
         ChunkCache::put(self, key, data)
-    }
-    fn verified(&self, key: &ChunkKey, data: &[u8]) {
-        ChunkCache::verified(self, key, data)
     }
     fn remove(&self, key: &ChunkKey) -> Result<bool> {
         ChunkCache::remove(self, key)

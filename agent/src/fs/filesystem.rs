@@ -82,14 +82,12 @@ pub struct ImageFs {
 type Xattrs<'a> = Vec<(&'a [u8], &'a [u8])>;
 
 /// A regular file the kernel has open (`opens` times), or closed but kept for its
-/// backing id (`idle`: its key in `ImageFs::idle`). `told`: the reader was told it was
-/// opened with no backing file ([`ChunkReader::file_opened`]), so is told when it closes.
+/// backing id (`idle`: its key in `ImageFs::idle`).
 #[derive(Debug)]
 struct Opened {
     file: OpenFile,
     opens: u32,
     idle: Option<u64>,
-    told: bool,
 }
 
 #[derive(Debug)]
@@ -381,15 +379,10 @@ impl Filesystem for ImageFs {
                 Err(e) => return reply.error(e),
             };
             file.backing = self.backing_for(&file, &reply);
-            let told = file.backing.is_none() && self.passthrough && file.size > 0;
-            if told {
-                self.reader.file_opened(&file.pieces, file.size);
-            }
             let opened = Opened {
                 file,
                 opens: 0,
                 idle: None,
-                told,
             };
             self.open_files.insert(ino, opened);
         }
@@ -428,7 +421,6 @@ impl Filesystem for ImageFs {
                         file,
                         opens: 0,
                         idle: None,
-                        told: false,
                     };
                     self.open_files.insert(ino, opened)
                 }
@@ -521,8 +513,8 @@ impl Filesystem for ImageFs {
                     self.open_files.remove(&oldest);
                 }
             }
-        } else if let Some(Opened { file, told, .. }) = self.open_files.remove(&ino) {
-            if told {
+        } else if let Some(Opened { file, .. }) = self.open_files.remove(&ino) {
+            if self.passthrough {
                 self.reader.file_closed(&file.pieces, file.size);
             }
         }

@@ -69,15 +69,9 @@ pub trait ChunkReader: Send + Sync + 'static {
         None
     }
 
-    /// Told when a file is opened with no backing file, before any of its reads: the
-    /// reader may build one as the file's data comes in, for its next open. Called on
-    /// the session thread, so it must not block. Default: nothing.
-    fn file_opened(&self, _pieces: &Arc<[FileChunk]>, _size: u64) {}
-
-    /// Told when the last open of a file it was told of by
-    /// [`file_opened`](Self::file_opened) closes: the reader may now hold all of its
-    /// data and prepare a backing file for its next open. Called on the session thread,
-    /// so it must not block. Default: nothing.
+    /// Told when the last open of a file read through us (not passthrough) closes: the
+    /// reader may now hold all of its data and prepare a backing file for its next
+    /// open. Called on the session thread, so it must not block. Default: nothing.
     fn file_closed(&self, _pieces: &Arc<[FileChunk]>, _size: u64) {}
 
     /// Told about the regular files a directory listing just named (each file's pieces
