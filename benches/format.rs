@@ -21,6 +21,9 @@ use rafs_format::chunk::{Chunking, Compression};
 use rafs_format::layout::{ChunkV1, DirentV1, FileChunkV1, InodeV1, SuperblockV1, TableRefV1};
 use rafs_format::reader::{Bootstrap, FileKind, Verify};
 use sha2::{Digest, Sha256};
+#[path = "nydus.rs"]
+mod nydus;
+use nydus::NYDUS_CREATE_OPTIONS;
 use tessera_benches::{
     fmt_bytes, fmt_duration, load_average, machine_summary, measure, measure_with, mixed_tree,
     peak_rss_bytes, ratio, reps, scale, small_files_tree, Rng, Table, Timing,
@@ -32,20 +35,6 @@ type Res<T> = Result<T, Box<dyn Error>>;
 /// The mission's build target: `tessera build` at ≥ 3× `nydus-image create`'s throughput
 /// on the same tree (shared/MISSION.md, "Performance"), judged on the default options.
 const BUILD_VS_NYDUS_TARGET: f64 = 3.0;
-
-/// `nydus-image create`'s options for the side-by-side row: RAFS v6, zstd (its level 3,
-/// as Tessera's default), 1 MiB chunks (hexadecimal), as `benches/read.sh` builds it.
-const NYDUS_CREATE_ARGS: [&str; 9] = [
-    "--log-level",
-    "warn",
-    "--type",
-    "dir-rafs",
-    "--fs-version",
-    "6",
-    "--compressor",
-    "zstd",
-    "--chunk-size=0x100000",
-];
 
 /// The `nydus-image` binary to measure beside Tessera, or `None` with
 /// `TESSERA_BENCH_NYDUS=off`. A missing binary is an error that names `make nydus-deps`.
@@ -95,7 +84,8 @@ fn nydus_build(bin: &Path, src: &Path, out: &Path) -> Res<NydusBuild> {
         Command::new(bin)
     };
     cmd.arg("create")
-        .args(NYDUS_CREATE_ARGS)
+        .args(["--log-level", "warn"])
+        .args(NYDUS_CREATE_OPTIONS)
         .arg("--bootstrap")
         .arg(out.join("bootstrap"))
         .arg("--blob-dir")
@@ -490,7 +480,7 @@ fn build_throughput(tmp: &Path, scale: f64) -> Res<Vec<u8>> {
             let x = n.secs() / d.secs();
             table.note(format!(
                 "nydus-image create {}, timed around its process (start-up included), peak RSS from GNU time; its blake3 digests are its default.",
-                NYDUS_CREATE_ARGS[2..].join(" ")
+                NYDUS_CREATE_OPTIONS.join(" ")
             ));
             table.note(format!(
                 "tessera build vs nydus-image create: {} ({:.0} against {:.0} MB/s, default options, same tree, same rounds); mission target ≥ {}×: {}.",

@@ -48,6 +48,10 @@
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
+#[path = "nydus.rs"]
+mod nydus;
+use nydus::NYDUS_CREATE_OPTIONS;
+
 #[path = "../agent/tests/support/mod.rs"]
 mod support;
 
@@ -545,20 +549,6 @@ struct NydusImage {
     prefetch: bool,
 }
 
-/// The nydus-image command line, also shown in the results.
-const NYDUS_CREATE: [&str; 9] = [
-    "create",
-    "--type",
-    "dir-rafs",
-    "--fs-version",
-    "6",
-    "--compressor",
-    "zstd",
-    "--chunk-size",
-    // Read as hexadecimal: 1 MiB.
-    "0x100000",
-];
-
 /// Builds a Nydus image of `tree` (with the prefetch list `list`, read from stdin as
 /// nydus-image wants it) and pushes its blob to the registry as repository `nydus/NAME`.
 fn nydus_image(bed: &Bed, bin: &Path, tree: &Path, name: &str, list: Option<&Path>) -> NydusImage {
@@ -567,7 +557,8 @@ fn nydus_image(bed: &Bed, bin: &Path, tree: &Path, name: &str, list: Option<&Pat
     std::fs::create_dir_all(&blobs).unwrap();
     let (bootstrap, summary) = (dir.join("bootstrap"), dir.join("build.json"));
     let mut cmd = Command::new(bin.join("nydus-image"));
-    cmd.args(NYDUS_CREATE)
+    cmd.arg("create")
+        .args(NYDUS_CREATE_OPTIONS)
         .args(["--log-level", "warn"])
         .arg("--bootstrap")
         .arg(&bootstrap)
@@ -1467,9 +1458,9 @@ fn print_start_up(c: &Context, rows: &[Row]) {
     );
     match (c.nydus, c.nydus_off) {
         (Some(n), _) => println!(
-            "nydusd: nydus-rs {} (nydus-image {}; blob {:.1} MiB, with the prefetch list {:.1} MiB)",
+            "nydusd: nydus-rs {} (nydus-image create {}; blob {:.1} MiB, with the prefetch list {:.1} MiB)",
             n.version,
-            NYDUS_CREATE.join(" "),
+            NYDUS_CREATE_OPTIONS.join(" "),
             mib(n.plain.blob_bytes as f64),
             mib(n.listed.blob_bytes as f64)
         ),
@@ -1627,7 +1618,7 @@ fn results_json(c: &Context, rows: &[Row], targets: &[Target]) -> Value {
     let nydusd = match (c.nydus, c.nydus_off) {
         (Some(n), _) => json!({
             "version": n.version,
-            "image": format!("nydus-image {}", NYDUS_CREATE.join(" ")),
+            "image": format!("nydus-image create {}", NYDUS_CREATE_OPTIONS.join(" ")),
             "blob_bytes": n.plain.blob_bytes,
             "prefetch_blob_bytes": n.listed.blob_bytes,
             // As the prefetch-list rows ran it, the run's address and paths left out.
