@@ -102,6 +102,11 @@ impl ChunkReader for MountedImage {
         let Some(layout) = self.layout(pieces, size) else {
             return;
         };
+        if layout.single_chunk().is_some() {
+            // Its chunk's own file is its backing file: nothing to make, nothing to wait
+            // for (most files are one chunk).
+            return;
+        }
         let (cache, fetcher) = (self.cache.clone(), self.fetcher.clone());
         // The file's last chunks may still be on their way to the disk (a reader is
         // answered before its chunk is stored): wait for them, then copy, which may
@@ -113,16 +118,12 @@ impl ChunkReader for MountedImage {
             if !cache.wants_backing_file(&layout) {
                 return;
             }
-            let made = tokio::task::spawn_blocking(move || {
-                let made = cache.make_backing_file(&layout);
-                (made, layout.size)
-            })
-            .await;
-            match made {
-                Ok((Ok(true), bytes)) => tracing::debug!(bytes, "made a passthrough backing file"),
-                Ok((Ok(false), _)) | Err(_) => {}
-                Ok((Err(e), _)) => {
-                    tracing::warn!(error = %e, "could not make a passthrough backing file");
+            let bytes = layout.size;
+            match tokio::task::spawn_blocking(move || cache.make_backing_file(&layout)).await {
+                Ok(Ok(true)) => tracing::debug!(bytes, "made a passthrough backing file"),
+                Ok(Ok(false)) | Err(_) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "could not make a passthrough backing file")
                 }
             }
         });
