@@ -575,12 +575,35 @@ fn scheduler_host(swarm: &Swarm, token: &Path, id: &str) -> serde_json::Value {
 
 /// The chunk files in an agent's cache, sorted by path, with their sizes.
 fn chunk_files(agent: &AgentProcess) -> Vec<(PathBuf, u64)> {
+    // A reader is answered before its chunk is stored: wait (at most 10 s) until the
+    // stores have settled, with no chunk half-written (a temp file, renamed a moment
+    // later) and the same files twice in a row.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut last = listed_chunk_files(agent);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = listed_chunk_files(agent);
+        let writing = now.iter().any(|(path, _)| {
+            path.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
+        });
+        if (now == last && !writing) || std::time::Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+fn listed_chunk_files(agent: &AgentProcess) -> Vec<(PathBuf, u64)> {
     let mut files = Vec::new();
     let mut dirs = vec![agent.cache_dir.join("chunks").join("data")];
     while let Some(dir) = dirs.pop() {
         for e in std::fs::read_dir(&dir).unwrap() {
             let e = e.unwrap();
-            let meta = e.metadata().unwrap();
+            // A temp file may be renamed between the listing and the stat.
+            let Ok(meta) = e.metadata() else {
+                continue;
+            };
             if meta.is_dir() {
                 dirs.push(e.path());
             } else {
