@@ -12,7 +12,7 @@ use rafs_format::reader::FileChunk;
 
 use crate::cache::{ChunkCache, FileLayout};
 use crate::fetch::{ChunkRead, Fetcher, ImageChunks};
-use crate::fs::{BackingMade, ChunkReader, Data};
+use crate::fs::{ChunkReader, Data};
 
 /// How long a closed file's backing copy waits for its last chunks to be stored.
 const BACKING_WAIT: Duration = Duration::from_secs(5);
@@ -98,7 +98,7 @@ impl ChunkReader for MountedImage {
         self.cache.backing_file(&self.layout(pieces, size)?)
     }
 
-    fn file_closed(&self, pieces: &Arc<[FileChunk]>, size: u64, made: BackingMade) {
+    fn file_closed(&self, pieces: &Arc<[FileChunk]>, size: u64) {
         let Some(layout) = self.layout(pieces, size) else {
             return;
         };
@@ -119,16 +119,7 @@ impl ChunkReader for MountedImage {
                 return;
             }
             let bytes = layout.size;
-            // `made` drops the file's pages in the kernel: a syscall that may take a
-            // while, so on the blocking pool too.
-            let make = move || {
-                let result = cache.make_backing_file(&layout);
-                if let Ok(true) = result {
-                    made();
-                }
-                result
-            };
-            match tokio::task::spawn_blocking(make).await {
+            match tokio::task::spawn_blocking(move || cache.make_backing_file(&layout)).await {
                 Ok(Ok(true)) => tracing::debug!(bytes, "made a passthrough backing file"),
                 Ok(Ok(false)) | Err(_) => {}
                 Ok(Err(e)) => {

@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
-    BackingId, FileAttr, Filesystem, KernelConfig, Notifier, ReplyAttr, ReplyCreate, ReplyData,
+    BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
@@ -28,7 +28,7 @@ use super::errno::{
 };
 use super::pool::Pool;
 use super::read::{clamp, read_range};
-use super::{BackingMade, ChunkReader, FsStats, MountOptions};
+use super::{ChunkReader, FsStats};
 
 /// `statfs` block size; also the unit of the image's size there.
 const STATFS_BLOCK: u32 = 4096;
@@ -71,9 +71,6 @@ pub struct ImageFs {
     statfs_blocks: Option<u64>,
     /// Where read latency (queueing included) is recorded, if anywhere.
     read_latency: Option<Histogram>,
-    /// Sends the kernel notifications on this mount's connection; set once the
-    /// session is up (see [`drop_pages_when_made`](Self::drop_pages_when_made)).
-    notifier: Arc<OnceLock<Notifier>>,
     /// The mount asked for FUSE passthrough.
     passthrough_wanted: bool,
     /// Open files with a backing file: asked for, accepted by the kernel at `init`
@@ -118,10 +115,11 @@ impl ImageFs {
         reader: Arc<dyn ChunkReader>,
         stats: Arc<FsStats>,
         pool: Pool,
-        opts: &MountOptions,
-        notifier: Arc<OnceLock<Notifier>>,
+        workers: usize,
+        read_latency: Option<Histogram>,
+        passthrough: bool,
     ) -> Self {
-        let max_background = opts.workers.saturating_mul(2).clamp(16, 1024) as u16;
+        let max_background = workers.saturating_mul(2).clamp(16, 1024) as u16;
         ImageFs {
             bootstrap,
             reader,
@@ -132,31 +130,10 @@ impl ImageFs {
             next_close: 0,
             max_background,
             statfs_blocks: None,
-            read_latency: opts.read_latency.clone(),
-            notifier,
-            passthrough_wanted: opts.passthrough,
+            read_latency,
+            passthrough_wanted: passthrough,
             passthrough: false,
         }
-    }
-
-    /// What to do once closed file `ino` has a backing file: its next open hands the
-    /// kernel that file, and the kernel then first drops the pages it holds for the
-    /// inode from reads through us, on the opener's time (0.1 s per GiB). Dropped
-    /// here instead, as soon as the backing file exists: a later open is not charged,
-    /// and the data is not held in memory twice. A reopen that comes first still is.
-    fn drop_pages_when_made(&self, ino: u64) -> BackingMade {
-        let (notifier, stats) = (self.notifier.clone(), self.stats.clone());
-        Box::new(move || {
-            let Some(notifier) = notifier.get() else {
-                return;
-            };
-            // Offset 0, length 0: every page of the inode (its attributes are asked
-            // for again too).
-            match notifier.inval_inode(ino, 0, 0) {
-                Ok(()) => FsStats::count(&stats.pages_dropped, 1),
-                Err(error) => tracing::debug!(ino, %error, "could not drop a closed file's pages"),
-            }
-        })
     }
 
     /// Inode `ino`; ENOENT for a number the image does not have (the kernel only
@@ -538,8 +515,7 @@ impl Filesystem for ImageFs {
             }
         } else if let Some(Opened { file, .. }) = self.open_files.remove(&ino) {
             if self.passthrough {
-                let made = self.drop_pages_when_made(ino);
-                self.reader.file_closed(&file.pieces, file.size, made);
+                self.reader.file_closed(&file.pieces, file.size);
             }
         }
     }

@@ -48,10 +48,6 @@ use std::sync::Arc;
 use rafs_format::reader::FileChunk;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What the filesystem does once a closed file's backing file exists (see
-/// [`ChunkReader::file_closed`]).
-pub type BackingMade = Box<dyn FnOnce() + Send>;
-
 /// Where a mounted image's file data comes from.
 pub trait ChunkReader: Send + Sync + 'static {
     /// Bytes `within` (a range of the uncompressed chunk) of chunk `chunk` (an index
@@ -75,9 +71,8 @@ pub trait ChunkReader: Send + Sync + 'static {
 
     /// Told when the last open of a file read through us (not passthrough) closes: the
     /// reader may now hold all of its data and prepare a backing file for its next
-    /// open, and calls `made` once it has (from any thread, never the session's).
-    /// Called on the session thread, so it must not block. Default: nothing.
-    fn file_closed(&self, _pieces: &Arc<[FileChunk]>, _size: u64, _made: BackingMade) {}
+    /// open. Called on the session thread, so it must not block. Default: nothing.
+    fn file_closed(&self, _pieces: &Arc<[FileChunk]>, _size: u64) {}
 
     /// Told about the regular files a directory listing just named (each file's pieces
     /// and size, in listing order, within a budget): a walk of a tree reads the files
@@ -147,14 +142,11 @@ pub struct FsStats {
     /// Opens answered with a backing file (FUSE passthrough): their reads never come
     /// here, so `reads` and `read_bytes` do not count them.
     pub passthrough_opens: AtomicU64,
-    /// Closed files whose pages in the kernel were dropped once their backing file was
-    /// made (their next open reads that file instead).
-    pub pages_dropped: AtomicU64,
 }
 
 impl FsStats {
     /// Each counter with the name it has in metrics (`tessera_agent_fuse_<name>`).
-    pub fn snapshot(&self) -> [(&'static str, u64); 8] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 7] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("lookups", get(&self.lookups)),
@@ -164,7 +156,6 @@ impl FsStats {
             ("read_bytes", get(&self.read_bytes)),
             ("errors", get(&self.errors)),
             ("passthrough_opens", get(&self.passthrough_opens)),
-            ("pages_dropped", get(&self.pages_dropped)),
         ]
     }
 

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -76,11 +76,9 @@ pub fn mount(
     let underneath = std::fs::metadata(&mountpoint)
         .map_err(|e| Error::io("mount on", &mountpoint, e))?
         .dev();
-    let notifier = Arc::new(OnceLock::new());
-    let (fs, stats, span) = image_fs(bootstrap, reader, &mountpoint, opts, notifier.clone())?;
+    let (fs, stats, span) = image_fs(bootstrap, reader, &mountpoint, opts)?;
     let session = Session::new(fs, &mountpoint, &mount_options(opts))
         .map_err(|e| Error::io("mount FUSE filesystem at", &mountpoint, e))?;
-    let _ = notifier.set(session.notifier());
     let connection = session
         .as_fd()
         .try_clone_to_owned()
@@ -114,13 +112,20 @@ fn image_fs(
     reader: Arc<dyn ChunkReader>,
     mountpoint: &Path,
     opts: &MountOptions,
-    notifier: Arc<OnceLock<fuser::Notifier>>,
 ) -> Result<(ImageFs, Arc<FsStats>, tracing::Span)> {
     let span = tracing::info_span!("mount", fsname = %opts.fsname);
     let stats = Arc::new(FsStats::default());
     let pool = Pool::new(opts.workers, &span)
         .map_err(|e| Error::io("start read workers for", mountpoint, e))?;
-    let fs = ImageFs::new(bootstrap, reader, stats.clone(), pool, opts, notifier);
+    let fs = ImageFs::new(
+        bootstrap,
+        reader,
+        stats.clone(),
+        pool,
+        opts.workers,
+        opts.read_latency.clone(),
+        opts.passthrough,
+    );
     Ok((fs, stats, span))
 }
 
@@ -135,8 +140,7 @@ pub fn attach(
     connection: OwnedFd,
     opts: &MountOptions,
 ) -> Result<Mounted> {
-    // No notifier: a taken-over session has no passthrough, so no pages to drop.
-    let (fs, stats, span) = image_fs(bootstrap, reader, mountpoint, opts, Arc::default())?;
+    let (fs, stats, span) = image_fs(bootstrap, reader, mountpoint, opts)?;
     let copy = connection
         .try_clone()
         .map_err(|e| Error::io("copy the FUSE connection of", mountpoint, e))?;
