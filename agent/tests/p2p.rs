@@ -737,3 +737,72 @@ fn an_evicting_peer_is_no_longer_advertised_for_what_it_evicted() {
     let p = pull(&reader);
     assert!(p["peer_bytes"].as_u64().unwrap() > 0, "{p}");
 }
+
+const AHEAD_ADMIN_TOKEN: &str = "fetch-ahead-admin-token-3c9e";
+
+/// A listing's files are fetched ahead from a peer holding the whole image: once the
+/// second agent has read one file (and so met the holder), listing the directory brings
+/// every other file's chunk from the peer before it is read, and the registry sends
+/// none of it.
+#[test]
+fn a_listing_fetches_its_files_ahead_from_a_whole_image_holder() {
+    let t = tempfile::tempdir().unwrap();
+    let token = t.path().join("admin.token");
+    std::fs::write(&token, AHEAD_ADMIN_TOKEN).unwrap();
+    let state = t.path().join("scheduler-state");
+    // Files of 512 KiB: one chunk each, so no read-ahead within a file can fetch them.
+    let mut swarm = Swarm::new(6, 512 << 10, "400mbit", &admin_args(&token, &state));
+    let holder = swarm.agent(&[]);
+    let reader = swarm.agent(&[]);
+    wait_registered(&holder);
+    wait_registered(&reader);
+    swarm.read_all(&swarm.mount(&holder));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let images = admin_json(&swarm.admin(&token, &["images"]));
+        let whole = images
+            .as_array()
+            .is_some_and(|l| l.iter().any(|i| i["complete_hosts"].as_u64() >= Some(1)));
+        if whole {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the scheduler never counted the first agent as holding the image whole: {images}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let before = swarm.origin_tx();
+    let mnt = swarm.mount(&reader);
+    let (first, data) = &swarm.files[0];
+    assert!(std::fs::read(mnt.join(first)).unwrap() == *data);
+    let listed = std::fs::read_dir(mnt.join("data")).unwrap().count();
+    assert_eq!(listed, swarm.files.len());
+    // Nothing else is read: the rest must arrive on its own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pull(&reader)["peer_bytes"].as_u64() < Some(swarm.total()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listed files were not fetched ahead: {}; metrics:\n{}",
+            pull(&reader),
+            reader.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ahead = reader
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix("tessera_agent_fetched_ahead_chunks_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert_eq!(ahead, Some(swarm.files.len() as u64 - 1));
+    swarm.read_all(&mnt);
+    let p = pull(&reader);
+    assert_eq!(p["origin_bytes"], 0, "{p}");
+    assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
+    let sent = swarm.origin_tx() - before;
+    assert!(
+        sent < 256 << 10,
+        "the registry sent {sent} bytes for the reader"
+    );
+}

@@ -11,7 +11,7 @@ use super::Recorder;
 use rafs_format::reader::FileChunk;
 
 use crate::cache::{ChunkCache, FileLayout};
-use crate::fetch::{ChunkRead, Fetcher, ImageChunks};
+use crate::fetch::{ChunkRead, Fetcher, ImageChunks, Wanted};
 use crate::fs::{ChunkReader, Data};
 
 /// How long a closed file's backing copy waits for its last chunks to be stored.
@@ -134,6 +134,17 @@ impl ChunkReader for MountedImage {
             .iter()
             .filter_map(|(pieces, size)| self.layout(pieces, *size));
         self.cache.warm(layouts);
+        // What is not on this node may be on a peer holding the whole blob: fetched
+        // ahead from it, in blob order, while the reader is still listing.
+        let mut units: Vec<_> = files
+            .iter()
+            .flat_map(|(pieces, _)| pieces.iter().filter_map(|p| p.chunk))
+            .filter_map(|chunk| self.chunks.unit(chunk).ok())
+            .collect();
+        units.sort_unstable_by_key(|u| (u.blob, u.offset));
+        units.dedup_by_key(|u| u.key);
+        let wanted: Arc<dyn Wanted> = self.chunks.clone();
+        self.fetcher.fetch_ahead(&self.runtime, &wanted, units);
     }
 
     fn observe_read(&self, ino: u32, _offset: u64, len: u64) {

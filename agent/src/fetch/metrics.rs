@@ -66,6 +66,8 @@ pub struct FetchMetrics {
     /// Bytes workloads read through every mount, counted where a FUSE read is
     /// answered (each mount also counts its own for `tessera status`).
     pub read_bytes: Counter,
+    /// Units queued to be fetched ahead of a reader from a peer holding their blob.
+    pub ahead_units: Counter,
 }
 
 impl Default for FetchMetrics {
@@ -80,6 +82,7 @@ impl Default for FetchMetrics {
             fuse_read_seconds: latency_histogram(),
             slow_reads: Counter::default(),
             read_bytes: Counter::default(),
+            ahead_units: Counter::default(),
         }
     }
 }
@@ -125,6 +128,11 @@ impl FetchMetrics {
             "tessera_agent_slow_reads",
             "FUSE reads that waited longer than fetch.slow_read_ms for their data",
             self.slow_reads.clone(),
+        );
+        registry.register(
+            "tessera_agent_fetched_ahead_chunks",
+            "Chunks of listed files queued to be fetched from a peer holding their whole blob before they are read",
+            self.ahead_units.clone(),
         );
         registry.register(
             "tessera_agent_fetches_in_flight",

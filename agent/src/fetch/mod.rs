@@ -12,6 +12,9 @@
 //!    waits for another agent's origin fetch, slow, failing and lying peers.
 //! 6. **Origin** ([`origin`]): Range requests, retried with backoff.
 //!
+//! Two callers fetch before anyone reads: prefetch and preheat ([`all`]), and a
+//! listing's files from a peer holding their whole blob ([`ahead`]).
+//!
 //! Every unit is verified (decoded to its size, its digest compared) before it is
 //! stored, announced or returned; a mismatch is counted against its source and the unit
 //! is fetched elsewhere. What differs between image chunks and mirror pieces is behind
@@ -25,6 +28,7 @@
 //! serves memory and store hits on the calling thread (a read of part of a stored chunk
 //! reads only that part) and blocks on the pipeline only for a miss.
 
+mod ahead;
 mod all;
 mod image;
 mod memory;
@@ -106,6 +110,10 @@ pub struct Fetcher {
     /// Peers holding a whole blob, by blob, as the scheduler named them lately
     /// (`peers::HOLDERS_FRESH`): a run asks them without a trip to the scheduler.
     holders: Mutex<HashMap<String, (Vec<tessera_proto::domain::Peer>, Instant)>>,
+    /// Turns to fetch ahead of a reader, [`ahead::AHEAD_RUNS`] of them.
+    ahead_turns: tokio::sync::Semaphore,
+    /// Listings waiting for, or in, their fetch-ahead.
+    ahead_queued: AtomicUsize,
     /// Locks by key stripe around reads from the store, so that concurrent reads of
     /// one chunk (the kernel asks for a chunk in several requests at once) read it from
     /// disk once and the others find it in memory.
@@ -144,6 +152,8 @@ impl Fetcher {
             flights: Mutex::new(HashMap::new()),
             memory: Mutex::new(Memory::new(config.memory_bytes)),
             holders: Mutex::new(HashMap::new()),
+            ahead_turns: tokio::sync::Semaphore::new(ahead::AHEAD_RUNS),
+            ahead_queued: AtomicUsize::new(0),
             store_reads: (0..STORE_READ_STRIPES).map(|_| Mutex::new(())).collect(),
             config,
             metrics,

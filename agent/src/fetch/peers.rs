@@ -166,7 +166,7 @@ impl Fetcher {
     }
 
     /// The whole-blob holders of `blob` the scheduler named lately, if any.
-    fn known_holders(&self, blob: &str) -> Option<Vec<Peer>> {
+    pub(super) fn known_holders(&self, blob: &str) -> Option<Vec<Peer>> {
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
         match holders.get(blob) {
             Some((named, at)) if at.elapsed() < HOLDERS_FRESH => Some(named.clone()),

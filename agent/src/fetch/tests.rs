@@ -984,3 +984,63 @@ async fn fetch_all_streams_in_large_runs_and_readers_wait_for_the_stream() {
         "nothing read back"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn listed_units_are_fetched_ahead_from_a_whole_blob_holder_only() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![whole_holder(1)])],
+        &[(1, Behaviour::Serves)],
+    );
+    let bed = Bed::new(8, 2, FakeOrigin::new(8), Some(peers.clone()));
+    let wanted: Arc<dyn Wanted> = bed.wanted.clone();
+    let runtime = tokio::runtime::Handle::current();
+    let listed = |units: &[u32]| {
+        units
+            .iter()
+            .map(|&i| bed.wanted.unit(i))
+            .collect::<Vec<_>>()
+    };
+    // No holder known yet: nothing is fetched on speculation.
+    assert_eq!(
+        bed.fetcher.fetch_ahead(&runtime, &wanted, listed(&[4, 5])),
+        0
+    );
+    // A read finds the whole-blob holder...
+    assert_eq!(data(bed.get(0).await), unit_bytes(0));
+    bed.settle().await;
+    // ...and a listing's units then come from it, in runs, before anyone reads them;
+    // one already stored is not asked for.
+    assert_eq!(
+        bed.fetcher
+            .fetch_ahead(&runtime, &wanted, listed(&[1, 4, 5, 6])),
+        3
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    bed.settle().await;
+    for i in [4, 5, 6] {
+        assert!(bed.store.contains(&key_of(i)), "unit {i} fetched ahead");
+    }
+    assert!(
+        !bed.store.contains(&key_of(7)),
+        "nothing beyond the listing"
+    );
+    assert!(bed.origin.ranges().is_empty(), "never from the origin");
+    assert_eq!(bed.fetcher.metrics.ahead_units.get(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_fetched_ahead_when_the_holders_hold_only_parts() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![peer(1)])],
+        &[(1, Behaviour::Serves)],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    let wanted: Arc<dyn Wanted> = bed.wanted.clone();
+    assert_eq!(data(bed.get(0).await), unit_bytes(0));
+    bed.settle().await;
+    let units = vec![bed.wanted.unit(4)];
+    let queued = bed
+        .fetcher
+        .fetch_ahead(&tokio::runtime::Handle::current(), &wanted, units);
+    assert_eq!(queued, 0);
+}
