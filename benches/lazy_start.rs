@@ -67,7 +67,7 @@ use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
 use support::registry::Registry;
 use support::scheduler::SchedulerProcess;
-use support::swarm::{admin_args, admin_json, wait_registered};
+use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered};
 use support::{repo_root, s, tessera};
 
 /// The converted image, and the same converted with the start-up's prefetch list.
@@ -927,21 +927,9 @@ impl Peers {
 
     /// Waits until the scheduler knows a host holding every blob of the image whole.
     fn wait_complete(&self, scheduler: &SchedulerProcess) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let images = self.admin(scheduler, &["images"]);
-            let complete = images
-                .as_array()
-                .is_some_and(|l| l.iter().any(|i| i["complete_hosts"].as_u64() >= Some(1)));
-            if complete {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no host holds the image whole after its preheat: {images}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        wait_image_complete(Duration::from_secs(60), || {
+            self.admin(scheduler, &["images"])
+        });
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use support::agent::AgentProcess;
-use support::swarm::{admin_args, admin_json, wait_registered, Swarm};
+use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered, Swarm};
 
 fn pull(agent: &AgentProcess) -> serde_json::Value {
     agent.status()["mounts"][0]["pull"].clone()
@@ -757,21 +757,9 @@ fn a_listing_fetches_its_files_ahead_from_a_whole_image_holder() {
     wait_registered(&holder);
     wait_registered(&reader);
     swarm.read_all(&swarm.mount(&holder));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let images = admin_json(&swarm.admin(&token, &["images"]));
-        let whole = images
-            .as_array()
-            .is_some_and(|l| l.iter().any(|i| i["complete_hosts"].as_u64() >= Some(1)));
-        if whole {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the scheduler never counted the first agent as holding the image whole: {images}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_image_complete(Duration::from_secs(30), || {
+        admin_json(&swarm.admin(&token, &["images"]))
+    });
 
     let before = swarm.origin_tx();
     let mnt = swarm.mount(&reader);

@@ -29,7 +29,8 @@ const AHEAD_QUEUED: usize = 32;
 impl Fetcher {
     /// Fetches the missing units of `units` (a listing's files, in blob order) in the
     /// background on `runtime`, if a peer the scheduler named lately holds their
-    /// whole blob (see the module docs). Returns how many units it queued.
+    /// whole blob (see the module docs). Returns how many units it queued: neither
+    /// stored nor in flight.
     pub fn fetch_ahead(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
@@ -40,7 +41,7 @@ impl Fetcher {
             return 0;
         }
         let mut with_holder: Option<(u32, bool)> = None;
-        let units: Vec<Unit> = units
+        let mut units: Vec<Unit> = units
             .into_iter()
             .filter(|unit| {
                 let held = match with_holder {
@@ -51,9 +52,15 @@ impl Fetcher {
                         held
                     }
                 };
-                held && !self.store.contains(&unit.key)
+                held
             })
             .collect();
+        {
+            // A unit stays in flight until it is stored: neither, and it is missing.
+            let flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            units
+                .retain(|unit| !flights.contains_key(&unit.key) && !self.store.contains(&unit.key));
+        }
         if units.is_empty() {
             return 0;
         }

@@ -279,3 +279,27 @@ pub fn wait_registered(agent: &AgentProcess) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// Waits up to `limit` until the scheduler's `images` view (what `images` fetches
+/// from its admin API) counts a host holding an image whole; panics with the view
+/// otherwise.
+pub fn wait_image_complete(
+    limit: std::time::Duration,
+    mut images: impl FnMut() -> serde_json::Value,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let view = images();
+        let complete = view
+            .as_array()
+            .is_some_and(|l| l.iter().any(|i| i["complete_hosts"].as_u64() >= Some(1)));
+        if complete {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no host holds the image whole after {limit:?}: {view}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
