@@ -94,9 +94,6 @@ fn started_blocking<T: Send + 'static>(
 /// rarely share one.
 const STORE_READ_STRIPES: usize = 64;
 
-/// How often [`Fetcher::landed`] looks whether the units it waits for are stored.
-const LANDING_POLL: Duration = Duration::from_millis(10);
-
 /// The pipeline, shared by every mount, prefetch, preheat job and the mirror.
 pub struct Fetcher {
     store: Arc<dyn Store>,
@@ -105,6 +102,8 @@ pub struct Fetcher {
     config: FetchConfig,
     /// Units being fetched, with the channel their result arrives on.
     flights: Mutex<HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>>,
+    /// Woken whenever a unit leaves `flights` ([`Fetcher::landed`] waits on it).
+    landings: tokio::sync::Notify,
     /// Units handed out lately.
     memory: Mutex<Memory>,
     /// Peers holding a whole blob, by blob, as the scheduler named them lately
@@ -150,6 +149,7 @@ impl Fetcher {
             store,
             peers: None,
             flights: Mutex::new(HashMap::new()),
+            landings: tokio::sync::Notify::new(),
             memory: Mutex::new(Memory::new(config.memory_bytes)),
             holders: Mutex::new(HashMap::new()),
             ahead_turns: tokio::sync::Semaphore::new(ahead::AHEAD_RUNS),
@@ -197,15 +197,19 @@ impl Fetcher {
     /// closes) waits for this first.
     pub async fn landed(&self, keys: &[ChunkKey], limit: Duration) {
         let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
+        loop {
+            // Listening before looking: a landing between the look and the wait
+            // still wakes it.
+            let landing = self.landings.notified();
+            tokio::pin!(landing);
+            landing.as_mut().enable();
             let flying = {
                 let flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
                 keys.iter().any(|key| flights.contains_key(key))
             };
-            if !flying {
+            if !flying || tokio::time::timeout_at(deadline, landing).await.is_err() {
                 return;
             }
-            tokio::time::sleep(LANDING_POLL).await;
         }
     }
 

@@ -122,6 +122,7 @@ impl Fetcher {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&planned.unit.key);
+        self.landings.notify_waiters();
     }
 
     /// Blocking: verifies a unit's bytes from `source` (stored with `compression`),

@@ -1044,3 +1044,46 @@ async fn nothing_is_fetched_ahead_when_the_holders_hold_only_parts() {
         .fetch_ahead(&tokio::runtime::Handle::current(), &wanted, units);
     assert_eq!(queued, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn landed_returns_as_the_last_unit_is_stored_or_at_its_limit() {
+    let origin = FakeOrigin {
+        latency: Duration::from_millis(300),
+        ..FakeOrigin::new(4)
+    };
+    let bed = Arc::new(Bed::new(4, 1, origin, None));
+    let keys = [key_of(1), key_of(2)];
+    // Nothing in flight: at once.
+    let started = Instant::now();
+    bed.fetcher.landed(&keys, Duration::from_secs(5)).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    // Two fetches under way: it returns once both are stored, not before and not a
+    // poll interval later.
+    for i in [1, 2] {
+        let bed = bed.clone();
+        tokio::spawn(async move { bed.get(i).await });
+    }
+    tokio::task::yield_now().await;
+    bed.fetcher.landed(&keys, Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    assert!(keys.iter().all(|k| bed.store.contains(k)), "both stored");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(301),
+        "returned after {took:?}"
+    );
+    // A unit that stays in flight: at the limit.
+    let slow = FakeOrigin {
+        latency: Duration::from_secs(60),
+        ..FakeOrigin::new(4)
+    };
+    let bed = Arc::new(Bed::new(4, 1, slow, None));
+    let waiting = bed.clone();
+    tokio::spawn(async move { waiting.get(3).await });
+    tokio::task::yield_now().await;
+    let started = Instant::now();
+    bed.fetcher
+        .landed(&[key_of(3)], Duration::from_secs(2))
+        .await;
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+    assert!(!bed.store.contains(&key_of(3)));
+}
