@@ -1177,6 +1177,24 @@ struct Target {
 }
 
 impl Target {
+    /// A time ratio that must not exceed `limit`.
+    fn ratio(what: impl Into<String>, measured: f64, limit: f64) -> Self {
+        Target {
+            what: what.into(),
+            measured,
+            limit,
+            unit: "x",
+        }
+    }
+
+    /// A count of origin requests that must not exceed `limit`.
+    fn requests(what: impl Into<String>, measured: f64, limit: f64) -> Self {
+        Target {
+            unit: "requests",
+            ..Target::ratio(what, measured, limit)
+        }
+    }
+
     fn met(&self) -> bool {
         self.measured <= self.limit
     }
@@ -1194,60 +1212,37 @@ fn targets(rows: &[Row], cap: &str) -> Vec<Target> {
     let row = |label: &str| rows.iter().find(|r| r.label == label);
     let mut out = Vec::new();
     if let Some(full) = row(TESSERA_FULL) {
-        out.push(Target {
-            what: format!("{TESSERA_FULL}: no blob fetched from the origin"),
-            measured: full.requests,
-            limit: 0.0,
-            unit: "requests",
-        });
+        let what = format!("{TESSERA_FULL}: no blob fetched from the origin");
+        out.push(Target::requests(what, full.requests, 0.0));
     }
     if let (Some(peer), Some(full)) = (row(TESSERA_PEER), row(TESSERA_FULL)) {
-        out.push(Target {
-            what: format!("{TESSERA_PEER}: total ≤ 1.3× {TESSERA_FULL}'s"),
-            measured: peer.total / full.total,
-            limit: 1.3,
-            unit: "x",
-        });
+        let what = format!("{TESSERA_PEER}: total ≤ 1.3× {TESSERA_FULL}'s");
+        out.push(Target::ratio(what, peer.total / full.total, 1.3));
     }
     if let (Some(peer), Some(cold)) = (row(TESSERA_PEER), row(TESSERA_COLD)) {
-        out.push(Target {
-            what: format!(
-                "{TESSERA_PEER}: total ≤ 0.35× {TESSERA_COLD}'s (through the capped origin)"
-            ),
-            measured: peer.total / cold.total,
-            limit: 0.35,
-            unit: "x",
-        });
+        let what =
+            format!("{TESSERA_PEER}: total ≤ 0.35× {TESSERA_COLD}'s (through the capped origin)");
+        out.push(Target::ratio(what, peer.total / cold.total, 0.35));
     }
     if let (Some(list), Some(nydus)) = (row(TESSERA_LIST), row(NYDUS_LIST)) {
-        out.push(Target {
-            what: format!("{TESSERA_LIST}: origin requests ≤ {NYDUS_LIST}'s"),
-            measured: list.requests,
-            limit: nydus.requests,
-            unit: "requests",
-        });
+        let what = format!("{TESSERA_LIST}: origin requests ≤ {NYDUS_LIST}'s");
+        out.push(Target::requests(what, list.requests, nydus.requests));
     }
     if let Some(list) = row(TESSERA_LIST) {
-        out.push(Target {
-            what: format!("{TESSERA_LIST}: total ≤ 1.1× the link time for the bytes sent"),
-            measured: list.total / link_seconds(list.origin, cap).max(1e-9),
-            limit: 1.1,
-            unit: "x",
-        });
+        let what = format!("{TESSERA_LIST}: total ≤ 1.1× the link time for the bytes sent");
+        let link = link_seconds(list.origin, cap).max(1e-9);
+        out.push(Target::ratio(what, list.total / link, 1.1));
     }
     if let (Some(t), Some(n)) = (row(TAR_TESSERA), row(TAR_NYDUS)) {
-        out.push(Target {
-            what: "tar through tessera, page cache cold: no slower than nydusd (time ratio)".into(),
-            measured: t.start / n.start,
-            limit: 1.0,
-            unit: "x",
-        });
-        out.push(Target {
-            what: "tar through tessera, page cache warm: no slower than nydusd (time ratio)".into(),
-            measured: t.again.unwrap() / n.again.unwrap(),
-            limit: 1.0,
-            unit: "x",
-        });
+        let what = |cache| {
+            format!("tar through tessera, page cache {cache}: no slower than nydusd (time ratio)")
+        };
+        out.push(Target::ratio(what("cold"), t.start / n.start, 1.0));
+        out.push(Target::ratio(
+            what("warm"),
+            t.again.unwrap() / n.again.unwrap(),
+            1.0,
+        ));
     }
     out
 }
