@@ -135,14 +135,12 @@ impl ChunkReader for MountedImage {
             .filter_map(|(pieces, size)| self.layout(pieces, *size));
         self.cache.warm(layouts);
         // What is not on this node may be on a peer holding the whole blob: fetched
-        // ahead from it, in blob order, while the reader is still listing.
-        let mut units: Vec<_> = files
+        // ahead from it while the reader is still listing. The units are made only if
+        // the node is in a swarm (the iterator is lazy).
+        let units = files
             .iter()
             .flat_map(|(pieces, _)| pieces.iter().filter_map(|p| p.chunk))
-            .filter_map(|chunk| self.chunks.unit(chunk).ok())
-            .collect();
-        units.sort_unstable_by_key(|u| (u.blob, u.offset));
-        units.dedup_by_key(|u| u.key);
+            .filter_map(|chunk| self.chunks.unit(chunk).ok());
         let wanted: Arc<dyn Wanted> = self.chunks.clone();
         self.fetcher.fetch_ahead(&self.runtime, &wanted, units);
     }

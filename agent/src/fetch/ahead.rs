@@ -12,6 +12,7 @@
 //! the one every node shares, and a holder of the whole blob has every chunk asked for.
 //! The reads join the same flights, so nothing is fetched twice.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -27,8 +28,8 @@ pub(super) const AHEAD_RUNS: usize = 4;
 const AHEAD_QUEUED: usize = 32;
 
 impl Fetcher {
-    /// Fetches the missing units of `units` (a listing's files, in blob order) in the
-    /// background on `runtime`, if a peer the scheduler named lately holds their
+    /// Fetches the missing units of `units` (the chunks of a listing's files, in any
+    /// order; only looked at in a swarm) in the background on `runtime`, if a peer the scheduler named lately holds their
     /// whole blob (see the module docs). Returns how many units it queued: neither
     /// stored nor in flight.
     pub fn fetch_ahead(
@@ -40,19 +41,14 @@ impl Fetcher {
         if self.peers.is_none() {
             return 0;
         }
-        let mut with_holder: Option<(u32, bool)> = None;
+        // Whether a whole-blob holder is known, asked once per blob.
+        let mut held: HashMap<u32, bool> = HashMap::new();
         let mut units: Vec<Unit> = units
             .into_iter()
             .filter(|unit| {
-                let held = match with_holder {
-                    Some((blob, held)) if blob == unit.blob => held,
-                    _ => {
-                        let held = self.known_holders(wanted.blob(unit)).is_some();
-                        with_holder = Some((unit.blob, held));
-                        held
-                    }
-                };
-                held
+                *held
+                    .entry(unit.blob)
+                    .or_insert_with(|| self.known_holders(wanted.blob(unit)).is_some())
             })
             .collect();
         {
@@ -61,6 +57,9 @@ impl Fetcher {
             units
                 .retain(|unit| !flights.contains_key(&unit.key) && !self.store.contains(&unit.key));
         }
+        // In blob order, each once: the runs then start at the lowest offsets.
+        units.sort_unstable_by_key(|u| (u.blob, u.offset));
+        units.dedup_by_key(|u| u.key);
         if units.is_empty() {
             return 0;
         }
