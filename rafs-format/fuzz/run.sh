@@ -15,3 +15,6 @@ for target in layer layer_roundtrip; do
   cargo +nightly fuzz run "$target" "corpus/$target" corpus/layer -- -dict=layer.dict \
     -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=20
 done
+mkdir -p corpus/gzip
+cargo +nightly fuzz run gzip corpus/gzip seeds/gzip -- \
+  -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10

@@ -114,6 +114,10 @@ pub enum Error {
     #[error("invalid build option: {0}")]
     InvalidOption(String),
 
+    /// A gzip stream (an unconverted layer) is not valid gzip or DEFLATE.
+    #[error("gzip stream at compressed byte {offset}: {reason}")]
+    Gzip { offset: u64, reason: String },
+
     /// A path asked for (prefetch list, lookup) does not exist in the image.
     #[error("path {path:?} not found in the image: {reason}")]
     NotFound { path: String, reason: String },

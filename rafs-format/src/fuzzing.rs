@@ -240,6 +240,62 @@ fn build(layers: &[&[u8]], out: &Path) -> crate::Result<()> {
     Ok(())
 }
 
+/// Output inflated per input: DEFLATE expands up to 1032×, so a small input could
+/// otherwise keep the fuzzer busy for long.
+const GZIP_MAX_OUT: u64 = 64 << 20;
+
+/// Arbitrary bytes as a gzip layer: inflated from the start while recording
+/// checkpoints (every 4 KiB of output), then resumed at each of the first checkpoints,
+/// where the resumed output must equal the rest of the first pass's. Then the bytes as a
+/// resume from a made-up checkpoint: the first byte's low 3 bits are the bit offset
+/// and the next up to 255 bytes (the second byte says how many) the window.
+pub fn gzip(data: &[u8]) {
+    use crate::gzip::{Checkpoint, GzipReader};
+    use std::io::Read;
+
+    let mut whole = Vec::new();
+    let mut reader = GzipReader::indexing(data, 4096);
+    let complete = reader
+        .by_ref()
+        .take(GZIP_MAX_OUT)
+        .read_to_end(&mut whole)
+        .is_ok()
+        && (whole.len() as u64) < GZIP_MAX_OUT;
+    for cp in reader.take_checkpoints().iter().take(4) {
+        let Some(from) = data.get((cp.in_bits / 8) as usize..) else {
+            panic!("checkpoint {cp:?} is past the input's {} bytes", data.len());
+        };
+        let mut resumed = GzipReader::resume(from, cp).expect("a recorded checkpoint resumes");
+        let mut rest = Vec::new();
+        let resumed_ok = resumed
+            .by_ref()
+            .take(GZIP_MAX_OUT)
+            .read_to_end(&mut rest)
+            .is_ok()
+            && (rest.len() as u64) < GZIP_MAX_OUT;
+        let start = cp.out as usize;
+        if complete && resumed_ok && start <= whole.len() {
+            assert!(
+                rest == whole[start..],
+                "resuming at {cp:?} gave other bytes than the first pass"
+            );
+        }
+    }
+
+    if let [first, len, rest @ ..] = data {
+        let window_len = (*len as usize).min(rest.len());
+        let (window, stream) = rest.split_at(window_len);
+        let cp = Checkpoint {
+            in_bits: (*first & 7) as u64,
+            out: window_len as u64,
+            window: window.to_vec(),
+        };
+        if let Ok(resumed) = GzipReader::resume(stream, &cp) {
+            let _ = std::io::copy(&mut resumed.take(GZIP_MAX_OUT), &mut std::io::sink());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

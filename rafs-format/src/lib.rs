@@ -8,6 +8,8 @@
 //! - [`chunk`]: digests and compression, the gate every chunk passes;
 //! - [`reader`]: a lazily validated view of a bootstrap, and chunks from local blobs;
 //! - [`builder`]: directory / layer tarball / OCI layout → bootstrap + blob;
+//! - [`gzip`]: a DEFLATE decoder that can start in the middle of a gzip layer, at
+//!   checkpoints it recorded while reading the layer once (lazy start without conversion);
 //! - [`image`]: whole-image operations on an image dir (`check`, `unpack`, `inspect`).
 //!
 //! This crate does no network I/O, and the reader never depends on the builder.
@@ -17,6 +19,7 @@ pub mod chunk;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gzip;
 pub mod image;
 pub mod layout;
 pub mod reader;

@@ -54,3 +54,8 @@ fn layer_inputs_build_valid_images() {
     replay("layer", rafs_format::fuzzing::layer_roundtrip, 1);
     replay("layer_roundtrip", rafs_format::fuzzing::layer_roundtrip, 0);
 }
+
+#[test]
+fn gzip_inputs_do_not_panic() {
+    replay("gzip", rafs_format::fuzzing::gzip, 2);
+}
