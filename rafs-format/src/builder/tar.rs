@@ -162,6 +162,10 @@ pub(crate) struct TarReader<R> {
     remaining_data: u64,
     remaining_padding: u64,
     done: bool,
+    /// Bytes of the archive consumed so far: after `next_entry`, the offset of the
+    /// entry's data in the (uncompressed) archive, which an index of a gzip layer
+    /// records to read the file from the middle of the layer.
+    offset: u64,
     /// Entries read so far, for error messages.
     pub count: u64,
 }
@@ -173,12 +177,20 @@ impl<R: Read> TarReader<R> {
             remaining_data: 0,
             remaining_padding: 0,
             done: false,
+            offset: 0,
             count: 0,
         }
     }
 
+    /// Offset in the archive of the next byte to be read: the current entry's first
+    /// data byte, right after `next_entry`.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     fn skip(&mut self, n: u64) -> io::Result<()> {
         let copied = io::copy(&mut (&mut self.inner).take(n), &mut io::sink())?;
+        self.offset += copied;
         if copied != n {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -203,6 +215,7 @@ impl<R: Read> TarReader<R> {
                 ));
             }
             filled += n;
+            self.offset += n as u64;
         }
         Ok(true)
     }
@@ -425,6 +438,7 @@ impl<R: Read> Read for DataReader<'_, R> {
             ));
         }
         self.tar.remaining_data -= n as u64;
+        self.tar.offset += n as u64;
         Ok(n)
     }
 }

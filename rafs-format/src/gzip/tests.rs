@@ -309,3 +309,64 @@ fn a_span_inflates_to_its_range_from_a_fraction_of_the_stream() {
     let cp = s.checkpoint.map(|i| &checkpoints[i]);
     assert!(inflate_span(cut, cp, s.skip, 4096).is_err());
 }
+
+/// The whole mechanism of a lazy read of an unconverted layer: one indexing pass
+/// through the tar reader notes where each file's data starts in the tar stream; each
+/// file is then read back from its span alone.
+#[test]
+fn every_file_of_a_tar_gz_reads_back_from_its_span() {
+    use crate::builder::tar::{EntryType, TarReader};
+
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut builder = tar::Builder::new(Vec::new());
+    for i in 0..60u64 {
+        let size = match i % 5 {
+            0 => 0,
+            1 => 100 + i as usize,
+            2 => 70_000,
+            3 => 1 << 20,
+            _ => 3 << 20,
+        };
+        let data = mixed(size, 100 + i);
+        let path = format!("dir{}/file{i}", i % 4);
+        let mut header = tar::Header::new_gnu();
+        header.set_size(size as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, &path, &data[..]).unwrap();
+        files.push((path, data));
+    }
+    let gz = gzip(&builder.into_inner().unwrap(), 6);
+
+    let mut reader = GzipReader::indexing(&gz[..], 1 << 20);
+    let mut offsets = Vec::new();
+    {
+        let mut tar = TarReader::new(&mut reader);
+        while let Some(entry) = tar.next_entry().unwrap() {
+            assert_eq!(entry.kind, EntryType::Regular);
+            offsets.push((tar.offset(), entry.size));
+        }
+    }
+    io::copy(&mut reader, &mut io::sink()).unwrap();
+    assert!(reader.finished());
+    let (checkpoints, marks) = (reader.take_checkpoints(), reader.take_marks());
+    assert_eq!(offsets.len(), files.len());
+
+    for ((path, data), (offset, size)) in files.iter().zip(offsets) {
+        assert_eq!(size, data.len() as u64, "{path}");
+        let s = span(&checkpoints, &marks, offset..offset + size, gz.len() as u64);
+        let bytes = &gz[s.compressed.start as usize..s.compressed.end as usize];
+        let cp = s.checkpoint.map(|i| &checkpoints[i]);
+        let got = inflate_span(bytes, cp, s.skip, size as usize).unwrap();
+        assert!(&got == data, "{path}: {s:?}");
+        if size < 100_000 {
+            // A small file costs about a checkpoint's spacing of the layer, not all of it.
+            assert!(
+                bytes.len() < gz.len() / 8,
+                "{path}: {} of {} bytes",
+                bytes.len(),
+                gz.len()
+            );
+        }
+    }
+}
