@@ -43,7 +43,7 @@ pub(crate) fn apply_layer(
     loop {
         let entry = tar.next_entry().map_err(|e| Error::Layer {
             layer: layer as usize,
-            entry: format!("<entry {}>", tar.count),
+            entry: format!("<entry {} at byte {}>", tar.count, tar.offset()),
             reason: format!("read tar: {e}"),
         })?;
         let Some(entry) = entry else {
