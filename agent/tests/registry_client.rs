@@ -365,3 +365,117 @@ fn blob_reads_follow_redirects_to_storage() {
         requests[1]
     );
 }
+
+/// OCI 1.1 referrers on distribution 2.8, which has no referrers API: an artifact
+/// pushed about an image is found again by the image's manifest digest through the
+/// referrers tag schema, filtered by artifact type, never listed twice, and the image
+/// itself is left as it was.
+#[test]
+fn referrers_are_pushed_beside_an_image_and_found_by_its_digest() {
+    use std::collections::BTreeMap;
+    use tessera_agent::registry::referrers::{self, Artifact, Descriptor};
+
+    let t = tempfile::tempdir().unwrap();
+    let image = oci::build_layered_image(t.path());
+    let registry = Registry::start();
+    registry.push_layout(&image.layout, &image.tag, "test/app");
+    let client = RegistryClient::new(ClientOptions::default()).unwrap();
+    runtime().block_on(async {
+        let by_tag =
+            Reference::parse(&format!("{}/test/app:{}", registry.addr, image.tag)).unwrap();
+        let before = client.manifest(&by_tag).await.unwrap();
+        let subject = Descriptor {
+            media_type: before.media_type.clone(),
+            digest: before.digest.clone(),
+            size: before.bytes.len() as u64,
+            artifact_type: None,
+            annotations: BTreeMap::new(),
+        };
+        // The registry has no referrers API: the client says so rather than failing.
+        assert!(client
+            .referrers(&by_tag, &subject.digest)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(referrers::list(&client, &by_tag, &subject.digest, None)
+            .await
+            .unwrap()
+            .is_empty());
+
+        let payload = b"an index of the image".to_vec();
+        let payload_digest = format!("sha256:{}", hex::encode(Sha256::digest(&payload)));
+        std::fs::write(t.path().join("payload"), &payload).unwrap();
+        client
+            .push_blob(
+                &by_tag,
+                &payload_digest,
+                payload.len() as u64,
+                &t.path().join("payload"),
+                None,
+                &|_| {},
+            )
+            .await
+            .unwrap();
+        let layer = Descriptor {
+            media_type: "application/vnd.tessera.test.v1".into(),
+            digest: payload_digest,
+            size: payload.len() as u64,
+            artifact_type: None,
+            annotations: BTreeMap::new(),
+        };
+        let artifact = |kind: &'static str| Artifact {
+            subject: &subject,
+            artifact_type: kind,
+            layers: std::slice::from_ref(&layer),
+            annotations: BTreeMap::from([("org.example.kind".to_string(), kind.to_string())]),
+        };
+        let first = referrers::push(&client, &by_tag, &artifact("application/vnd.tessera.a"))
+            .await
+            .unwrap();
+        let second = referrers::push(&client, &by_tag, &artifact("application/vnd.tessera.b"))
+            .await
+            .unwrap();
+        // Pushing the same artifact again lists it once.
+        let again = referrers::push(&client, &by_tag, &artifact("application/vnd.tessera.a"))
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+
+        let all = referrers::list(&client, &by_tag, &subject.digest, None)
+            .await
+            .unwrap();
+        assert_eq!(all, vec![first.clone(), second.clone()]);
+        let only_a = referrers::list(
+            &client,
+            &by_tag,
+            &subject.digest,
+            Some("application/vnd.tessera.a"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(only_a, vec![first.clone()]);
+
+        // The artifact names the image as its subject; the image is unchanged.
+        let pushed = client
+            .manifest(
+                &Reference::parse(&format!("{}/test/app@{}", registry.addr, first.digest)).unwrap(),
+            )
+            .await
+            .unwrap();
+        let pushed: serde_json::Value = serde_json::from_slice(&pushed.bytes).unwrap();
+        assert_eq!(pushed["subject"]["digest"], subject.digest.as_str());
+        assert_eq!(pushed["artifactType"], "application/vnd.tessera.a");
+        assert_eq!(pushed["layers"][0]["digest"], layer.digest.as_str());
+        assert_eq!(
+            client.manifest(&by_tag).await.unwrap().digest,
+            before.digest
+        );
+
+        // Another image has no referrers.
+        let other = format!("sha256:{}", "0".repeat(64));
+        assert!(referrers::list(&client, &by_tag, &other, None)
+            .await
+            .unwrap()
+            .is_empty());
+    });
+}

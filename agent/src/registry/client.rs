@@ -549,6 +549,40 @@ impl RegistryClient {
         })
     }
 
+    /// The OCI 1.1 referrers API's index of the manifests whose `subject` is `subject`
+    /// (`GET /v2/<name>/referrers/<digest>`), or `None` when the registry has no such
+    /// API (404, as distribution 2.8 answers): then referrers are found through the
+    /// referrers tag schema instead ([`super::referrers`]).
+    pub async fn referrers(&self, r: &Reference, subject: &str) -> Result<Option<Manifest>, Error> {
+        let what = format!("referrers of {subject}");
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+        );
+        let url = self.url(r, &format!("referrers/{subject}"));
+        let resp = self
+            .send(
+                r,
+                Request::pull(r, Method::GET, url, &what).headers(headers),
+            )
+            .await?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(Self::failed(r, &what, resp).await);
+        }
+        let bytes = read_bounded(resp, MAX_MANIFEST)
+            .await
+            .map_err(self.error(r, &what))?;
+        Ok(Some(Manifest {
+            media_type: "application/vnd.oci.image.index.v1+json".into(),
+            digest: sha256_hex(&bytes),
+            bytes,
+        }))
+    }
+
     /// Streams a whole blob into `out`, verifying its sha256; returns its size. A body
     /// cut off mid-way (a reset, a proxy timeout) is resumed with a Range request from
     /// where it stopped. On a mismatch the caller must discard what was written.
