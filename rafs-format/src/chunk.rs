@@ -145,6 +145,9 @@ pub enum Compression {
     None,
     Zstd,
     Gzip,
+    /// A span of an unconverted gzip layer (format.md §17.3): inflated from a checkpoint
+    /// by `reader::read_chunk`, never written by the builder's compressor.
+    GzipSpan,
 }
 
 impl Compression {
@@ -153,6 +156,7 @@ impl Compression {
             Compression::None => 0,
             Compression::Zstd => 1,
             Compression::Gzip => 2,
+            Compression::GzipSpan => 3,
         }
     }
 
@@ -161,6 +165,7 @@ impl Compression {
             0 => Some(Compression::None),
             1 => Some(Compression::Zstd),
             2 => Some(Compression::Gzip),
+            3 => Some(Compression::GzipSpan),
             _ => None,
         }
     }
@@ -170,6 +175,7 @@ impl Compression {
             Compression::None => "none",
             Compression::Zstd => "zstd",
             Compression::Gzip => "gzip",
+            Compression::GzipSpan => "gzip-span",
         }
     }
 }
@@ -192,7 +198,8 @@ impl std::str::FromStr for Compression {
 /// a chunk that does not shrink is stored raw, so readers never pay to inflate it.
 pub fn compress(data: &[u8], compression: Compression, level: i32) -> (Vec<u8>, Compression) {
     let packed = match compression {
-        Compression::None => None,
+        // Spans are made by indexing a layer, not by compressing a chunk.
+        Compression::None | Compression::GzipSpan => None,
         // In-memory compression of a buffer cannot fail short of allocation failure;
         // treat any error as "did not shrink" rather than failing the build.
         Compression::Zstd => zstd_compress(data, level),
@@ -245,6 +252,11 @@ pub fn decompress(
                 .read_to_end(&mut out)
                 .map_err(|e| format!("gzip decompression failed: {e}"))?;
             out
+        }
+        Compression::GzipSpan => {
+            return Err("a span of a gzip layer is inflated from its checkpoint \
+                 (rafs_format::reader::read_chunk), not on its own"
+                .into())
         }
     };
     if out.len() != expected {

@@ -299,6 +299,11 @@ impl<R: Read> GzipReader<R> {
         }
     }
 
+    /// The source, positioned wherever decoding left it (read ahead in chunks).
+    pub fn into_inner(self) -> R {
+        self.bits.source
+    }
+
     /// The checkpoints recorded since the last call.
     pub fn take_checkpoints(&mut self) -> Vec<Checkpoint> {
         std::mem::take(&mut self.checkpoints)

@@ -73,7 +73,10 @@ pub struct SuperblockV1 {
     pub xattrs: TableRefV1,
     pub prefetch: TableRefV1,
     pub strings: TableRefV1,
-    pub reserved2: [u8; 56],
+    /// Checkpoints in gzip layers, for an index of an unconverted image (format.md
+    /// §17.2); all zero when absent, as in every converted image.
+    pub checkpoints: TableRefV1,
+    pub reserved2: [u8; 40],
 }
 
 /// One inode. Inode number `n` is record `n - 1`.
@@ -141,14 +144,32 @@ pub struct ChunkV1 {
     pub digest: [u8; 32],
     /// Index into the blob table.
     pub blob_index: U32,
-    /// 0 = none, 1 = zstd, 2 = gzip.
+    /// 0 = none, 1 = zstd, 2 = gzip, 3 = a span of a gzip layer.
     pub compression: u8,
     pub reserved: [u8; 3],
     /// Where the stored (compressed) bytes start in the blob.
     pub compressed_offset: U64,
     pub compressed_size: U32,
     pub uncompressed_size: U32,
+    /// Zero, except for a span of a gzip layer: its checkpoint (u32, [`HOLE`] for the
+    /// layer's start) and the output bytes to skip after it (u32).
     pub reserved2: [u8; 8],
+}
+
+/// Where decoding of a gzip layer can start in the middle (format.md §17.2).
+#[derive(Debug, Clone, Copy, Default, FromBytes, IntoBytes, Immutable, KnownLayout, Unaligned)]
+#[repr(C)]
+pub struct CheckpointV1 {
+    /// Bit offset in the layer of the header of the block that starts here.
+    pub in_bits: U64,
+    /// Output offset (in the layer's tar stream) where that block's output starts.
+    pub out: U64,
+    /// The layer: an index into the blob table.
+    pub blob_index: U32,
+    /// The chunk holding the `min(out, 32 KiB)` bytes of output before `out`, or
+    /// [`HOLE`] when they are all zero.
+    pub window_chunk: U32,
+    pub reserved: [u8; 8],
 }
 
 /// One blob: a file of concatenated stored chunks, named by its sha256.
@@ -214,5 +235,6 @@ mod tests {
         assert_eq!(size_of::<BlobV1>(), 64);
         assert_eq!(size_of::<XattrV1>(), 16);
         assert_eq!(size_of::<PrefetchV1>(), 16);
+        assert_eq!(size_of::<CheckpointV1>(), 32);
     }
 }

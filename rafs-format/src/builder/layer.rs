@@ -234,8 +234,9 @@ fn apply_entry(
             NodeData::Dir(BTreeMap::new())
         }
         EntryType::Regular => {
+            let at = tar.offset();
             let (size, pieces) = store
-                .add_file(tar.data())
+                .add_file(tar.data(), Some(at))
                 .map_err(|e| format!("read file data: {e}"))?;
             if size != entry.size {
                 return Err(format!(

@@ -6,6 +6,7 @@
 //! reading order and writes the bootstrap and the blob. Memory holds metadata and chunk
 //! digests, never file data beyond one batch, so image size does not bound the build.
 
+mod gzip_index;
 mod layer;
 mod oci_layout;
 mod options;
@@ -138,6 +139,8 @@ pub struct Builder {
     tree: Tree,
     store: ChunkStore,
     layers: u32,
+    /// Layers added by [`Builder::index_gzip_layer`], in order.
+    indexed: Vec<gzip_index::IndexedLayer>,
     started: Instant,
 }
 
@@ -171,6 +174,7 @@ impl Builder {
             tree: Tree::new(root),
             store,
             layers: 0,
+            indexed: Vec::new(),
             started,
         })
     }
@@ -191,6 +195,26 @@ impl Builder {
             reason: format!("read compression header: {e}"),
         })?;
         layer::apply_layer(&mut self.tree, &mut self.store, stream, index)
+    }
+
+    /// Applies a gzip layer on top of what is there *as an index* (format.md §17): its
+    /// files' chunks are spans of the layer itself, which the image then references as
+    /// a blob, instead of chunks compressed into the new blob. Returns the layer's
+    /// sha256 and size, for the caller to check against the layer's descriptor.
+    pub fn index_gzip_layer(&mut self, layer: impl Read) -> Result<([u8; 32], u64)> {
+        if self.opts.chunk_dict.is_some() {
+            return Err(Error::InvalidOption(
+                "an index of gzip layers takes no chunk dictionary".into(),
+            ));
+        }
+        let index = self.layers;
+        self.layers += 1;
+        let span_layer = self.indexed.len() as u32;
+        let indexed =
+            gzip_index::index_layer(&mut self.tree, &mut self.store, layer, index, span_layer)?;
+        let id = (indexed.digest, indexed.size);
+        self.indexed.push(indexed);
+        Ok(id)
     }
 
     /// Applies every layer of an image in an OCI image layout, verifying each.
@@ -227,6 +251,7 @@ impl Builder {
             digest: self.opts.digest,
             chunking: self.opts.chunking,
             prefetch: &self.opts.prefetch,
+            indexed: &self.indexed,
         };
         let w = writer::write(&self.tree, &mut self.store, &params)?;
         let seconds = self.started.elapsed().as_secs_f64();

@@ -68,6 +68,10 @@ impl BuildOptions {
             Compression::Zstd => 1..=22,
             Compression::Gzip => 0..=9,
             Compression::None => i32::MIN..=i32::MAX,
+            Compression::GzipSpan => return Err(Error::InvalidOption(
+                "gzip-span is how an index refers to its layers, not a compression to build with"
+                    .into(),
+            )),
         };
         if !levels.contains(&self.compression_level) {
             return Err(Error::InvalidOption(format!(

@@ -100,7 +100,9 @@ fn add_entry(
         NodeData::Dir(BTreeMap::new())
     } else if ft.is_file() {
         let f = File::open(path).map_err(|e| Error::io("open", path, e))?;
-        let (size, pieces) = store.add_file(f).map_err(|e| Error::io("read", path, e))?;
+        let (size, pieces) = store
+            .add_file(f, None)
+            .map_err(|e| Error::io("read", path, e))?;
         NodeData::File { size, pieces }
     } else if ft.is_symlink() {
         let target = fs::read_link(path).map_err(|e| Error::io("read symlink", path, e))?;

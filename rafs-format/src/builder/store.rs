@@ -47,6 +47,9 @@ pub(crate) enum Location {
     Spool { offset: u64 },
     /// In a blob of the chunk dictionary (an earlier image), not written again.
     Dict { blob: u32, offset: u64 },
+    /// At output offset `out` of indexed gzip layer `layer` (the builder's count of
+    /// indexed layers): an index's chunk, stored nowhere new (format.md §17).
+    Span { layer: u32, out: u64 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -102,8 +105,12 @@ pub(crate) struct ChunkStore {
     by_digest: HashMap<[u8; 32], u32>,
     dict: Dict,
     pub occurrences: Vec<Occurrence>,
-    /// Chunk data waiting for the next parallel batch, with the occurrence it fills.
-    pending: Vec<(u32, Vec<u8>)>,
+    /// Chunk data waiting for the next parallel batch, with the occurrence it fills and,
+    /// for an indexed layer's piece, where it is in that layer.
+    pending: Vec<(u32, Vec<u8>, Option<(u32, u64)>)>,
+    /// The indexed gzip layer whose files are being added: their chunks become spans
+    /// of it instead of being compressed and stored.
+    span_layer: Option<u32>,
     pending_bytes: usize,
     pub stats: StoreStats,
     progress: Option<Arc<BuildProgress>>,
@@ -135,6 +142,7 @@ impl ChunkStore {
             dict: Dict::default(),
             occurrences: Vec::new(),
             pending: Vec::new(),
+            span_layer: None,
             pending_bytes: 0,
             stats: StoreStats::default(),
             progress: opts.progress.clone(),
@@ -194,10 +202,32 @@ impl ChunkStore {
         &self.dict.blobs[index as usize]
     }
 
+    /// Makes the files added next chunks of indexed layer `layer` (`None`: stored as
+    /// usual).
+    pub fn set_span_layer(&mut self, layer: Option<u32>) {
+        self.span_layer = layer;
+    }
+
+    /// Adds one chunk as it is (no cutting), stored as usual: a checkpoint's window.
+    /// Returns its occurrence, whose `chunk` is [`HOLE`] if the data is all zeros.
+    pub fn add_chunk(&mut self, data: Vec<u8>) -> std::io::Result<u32> {
+        let occ = self.occurrences.len() as u32;
+        self.push_piece(data, None)?;
+        Ok(occ)
+    }
+
     /// Reads a whole file, cutting it into chunks; returns its size and its pieces.
-    pub fn add_file(&mut self, mut data: impl Read) -> std::io::Result<(u64, Range<u32>)> {
+    /// `at` is the offset of the file's data in the layer's output, which an indexed
+    /// layer's chunks record.
+    pub fn add_file(
+        &mut self,
+        mut data: impl Read,
+        at: Option<u64>,
+    ) -> std::io::Result<(u64, Range<u32>)> {
         let first = self.occurrences.len() as u32;
         let mut size = 0u64;
+        let span_layer = self.span_layer.zip(at);
+        let origin = |size: u64| span_layer.map(|(layer, at)| (layer, at + size));
         match self.chunking {
             Chunking::Fixed { size: chunk_size } => {
                 // Read into the scratch buffer and keep exact-size copies, so a 1 KiB
@@ -209,8 +239,8 @@ impl ChunkStore {
                     if n == 0 {
                         break;
                     }
+                    self.push_piece(scratch[..n].to_vec(), origin(size))?;
                     size += n as u64;
-                    self.push_piece(scratch[..n].to_vec())?;
                     if n < scratch.len() {
                         break;
                     }
@@ -223,8 +253,9 @@ impl ChunkStore {
                         fastcdc::v2020::Error::IoError(e) => e,
                         other => std::io::Error::other(other.to_string()),
                     })?;
-                    size += piece.data.len() as u64;
-                    self.push_piece(piece.data)?;
+                    let len = piece.data.len() as u64;
+                    self.push_piece(piece.data, origin(size))?;
+                    size += len;
                 }
             }
         }
@@ -236,14 +267,14 @@ impl ChunkStore {
         Ok((size, first..self.occurrences.len() as u32))
     }
 
-    fn push_piece(&mut self, data: Vec<u8>) -> std::io::Result<()> {
+    fn push_piece(&mut self, data: Vec<u8>, origin: Option<(u32, u64)>) -> std::io::Result<()> {
         let occ = self.occurrences.len() as u32;
         self.occurrences.push(Occurrence {
             chunk: HOLE,
             len: data.len() as u32,
         });
         self.pending_bytes += data.len();
-        self.pending.push((occ, data));
+        self.pending.push((occ, data, origin));
         if self.pending_bytes >= BATCH_BYTES {
             self.flush()?;
         }
@@ -256,28 +287,43 @@ impl ChunkStore {
         self.pending_bytes = 0;
         let algo = self.algo;
         // Hash in parallel; an all-zero piece becomes a hole and is never stored.
-        let hashed: Vec<(u32, Vec<u8>, Option<[u8; 32]>)> = pending
+        type Hashed = (u32, Vec<u8>, Option<(u32, u64)>, Option<[u8; 32]>);
+        let hashed: Vec<Hashed> = pending
             .into_par_iter()
-            .map(|(occ, data)| {
+            .map(|(occ, data, origin)| {
                 let digest = (!data.iter().all(|&b| b == 0)).then(|| algo.digest(&data));
-                (occ, data, digest)
+                (occ, data, origin, digest)
             })
             .collect();
         // Decide sequentially (deterministic ids) which pieces are new.
         let mut to_compress = Vec::new();
-        for (occ, data, digest) in hashed {
+        for (occ, data, origin, digest) in hashed {
             let Some(digest) = digest else { continue };
-            let id = match self.by_digest.get(&digest) {
-                Some(&id) => id,
+            // A window must be a stored chunk (format.md §17.2): one whose bytes equal
+            // a span chunk's is stored again rather than shared.
+            let known = self.by_digest.get(&digest).copied().filter(|&id| {
+                origin.is_some()
+                    || !matches!(self.unique[id as usize].location, Location::Span { .. })
+            });
+            let id = match known {
+                Some(id) => id,
                 None => {
                     let id = self.unique.len() as u32;
                     self.by_digest.insert(digest, id);
-                    match self.dict.chunks.get(&digest) {
-                        Some(c) => {
+                    match (self.dict.chunks.get(&digest), origin) {
+                        (Some(c), _) => {
                             self.stats.dict_hits += 1;
                             self.unique.push(*c);
                         }
-                        None => {
+                        (None, Some((layer, out))) => self.unique.push(UniqueChunk {
+                            digest,
+                            uncompressed_size: data.len() as u32,
+                            // The span's length is known once the layer is read whole.
+                            compressed_size: 0,
+                            compression: Compression::GzipSpan,
+                            location: Location::Span { layer, out },
+                        }),
+                        (None, None) => {
                             self.unique.push(UniqueChunk {
                                 digest,
                                 uncompressed_size: data.len() as u32,

@@ -15,14 +15,16 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 use zerocopy::IntoBytes;
 
+use super::gzip_index::IndexedLayer;
 use super::store::{ChunkStore, Location};
 use super::tree::{NodeData, NodeId, Tree, ROOT};
 use crate::chunk::{Chunking, DigestAlgo};
+use crate::gzip;
 use crate::layout::{
-    BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1, XattrV1,
-    HOLE, MAGIC, VERSION,
+    BlobV1, CheckpointV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1,
+    TableRefV1, XattrV1, HOLE, MAGIC, VERSION,
 };
-use crate::reader::bootstrap_checksum;
+use crate::reader::{bootstrap_checksum, MAX_SPAN_SIZE};
 use crate::{Error, Result};
 
 /// Which blob a placed chunk lives in, before blob indexes are known.
@@ -30,6 +32,17 @@ use crate::{Error, Result};
 enum BlobKey {
     New,
     Dict(u32),
+    /// An indexed gzip layer (format.md §17).
+    Layer(u32),
+}
+
+/// Where a span chunk is in its layer: compressed size, checkpoint (global index) and
+/// output bytes to skip after it.
+#[derive(Debug, Clone, Copy)]
+struct SpanPlace {
+    compressed_size: u32,
+    checkpoint: Option<u32>,
+    skip: u32,
 }
 
 /// What `write` produced.
@@ -110,6 +123,7 @@ pub(crate) struct WriteParams<'a> {
     pub digest: DigestAlgo,
     pub chunking: Chunking,
     pub prefetch: &'a [String],
+    pub indexed: &'a [IndexedLayer],
 }
 
 pub(crate) fn write(
@@ -142,6 +156,15 @@ pub(crate) fn write(
         }
     }
 
+    // Indexed layers' checkpoints are numbered layer after layer.
+    let mut checkpoint_base = Vec::with_capacity(params.indexed.len());
+    let mut checkpoint_count = 0u32;
+    for layer in params.indexed {
+        checkpoint_base.push(checkpoint_count);
+        checkpoint_count += layer.checkpoints.len() as u32;
+    }
+    let mut spans: HashMap<u32, SpanPlace> = HashMap::new();
+
     // Place chunks: prefetch files first, then all files in inode order.
     let mut final_index: HashMap<u32, u32> = HashMap::new();
     let mut placed: Vec<(u32, BlobKey, u64)> = Vec::new(); // (unique id, blob, offset)
@@ -163,9 +186,40 @@ pub(crate) fn write(
                     (BlobKey::New, at)
                 }
                 Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
+                Location::Span { layer, out } => {
+                    let (at, place) = place_span(params, &checkpoint_base, layer, out, &u)?;
+                    spans.insert(occ.chunk, place);
+                    (BlobKey::Layer(layer), at)
+                }
             };
             final_index.insert(occ.chunk, placed.len() as u32);
             placed.push((occ.chunk, key, offset));
+        }
+    }
+    // Checkpoint windows: ordinary chunks no file names, placed after the files'.
+    for layer in params.indexed {
+        for &occ in &layer.windows {
+            let id = store.occurrences[occ as usize].chunk;
+            if id == HOLE || final_index.contains_key(&id) {
+                continue;
+            }
+            let u = store.unique[id as usize];
+            let (key, offset) = match u.location {
+                Location::Spool { .. } => {
+                    let at = new_blob_len;
+                    new_blob_len += u64::from(u.compressed_size);
+                    (BlobKey::New, at)
+                }
+                Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
+                Location::Span { .. } => {
+                    return Err(Error::InvalidInput {
+                        path: params.out_dir.to_path_buf(),
+                        reason: "a checkpoint window was recorded as a span".into(),
+                    })
+                }
+            };
+            final_index.insert(id, placed.len() as u32);
+            placed.push((id, key, offset));
         }
     }
 
@@ -177,6 +231,13 @@ pub(crate) fn write(
     for p in &placed {
         if !blob_keys.contains(&p.1) {
             blob_keys.push(p.1);
+        }
+    }
+    // Every indexed layer has its checkpoints' blob record, even one whose files a
+    // later layer replaced.
+    for l in 0..params.indexed.len() as u32 {
+        if !blob_keys.contains(&BlobKey::Layer(l)) {
+            blob_keys.push(BlobKey::Layer(l));
         }
     }
     let blob_index: HashMap<BlobKey, u32> = blob_keys
@@ -203,14 +264,28 @@ pub(crate) fn write(
         s.0 += u64::from(u.uncompressed_size);
         s.1 += 1;
         unique_bytes += u64::from(u.uncompressed_size);
-        stored_bytes += u64::from(u.compressed_size);
+        stored_bytes += u64::from(
+            spans
+                .get(&id)
+                .map_or(u.compressed_size, |p| p.compressed_size),
+        );
+        let (compressed_size, reserved2) = match spans.get(&id) {
+            Some(p) => {
+                let mut r = [0u8; 8];
+                r[..4].copy_from_slice(&p.checkpoint.unwrap_or(HOLE).to_le_bytes());
+                r[4..].copy_from_slice(&p.skip.to_le_bytes());
+                (p.compressed_size, r)
+            }
+            None => (u.compressed_size, [0; 8]),
+        };
         chunks.push(ChunkV1 {
             digest: u.digest,
             blob_index: blob_index[&key].into(),
             compression: u.compression.to_byte(),
             compressed_offset: offset.into(),
-            compressed_size: u.compressed_size.into(),
+            compressed_size: compressed_size.into(),
             uncompressed_size: u.uncompressed_size.into(),
+            reserved2,
             ..Default::default()
         });
     }
@@ -221,6 +296,10 @@ pub(crate) fn write(
             BlobKey::Dict(i) => {
                 let b = store.dict_blob(*i);
                 (b.digest, b.size)
+            }
+            BlobKey::Layer(l) => {
+                let l = &params.indexed[*l as usize];
+                (l.digest, l.size)
             }
         })
         .collect();
@@ -369,6 +448,19 @@ pub(crate) fn write(
         });
     }
 
+    let mut checkpoints: Vec<CheckpointV1> = Vec::with_capacity(checkpoint_count as usize);
+    for (l, layer) in params.indexed.iter().enumerate() {
+        for (cp, &occ) in layer.checkpoints.iter().zip(&layer.windows) {
+            let id = store.occurrences[occ as usize].chunk;
+            checkpoints.push(CheckpointV1 {
+                in_bits: cp.in_bits.into(),
+                out: cp.out.into(),
+                blob_index: blob_index[&BlobKey::Layer(l as u32)].into(),
+                window_chunk: if id == HOLE { HOLE } else { final_index[&id] }.into(),
+                ..Default::default()
+            });
+        }
+    }
     let bytes = serialize(
         params,
         &inodes,
@@ -379,6 +471,7 @@ pub(crate) fn write(
         &xattrs,
         &prefetch,
         &strings,
+        &checkpoints,
     );
     w.bootstrap_bytes = bytes.len() as u64;
     w.bootstrap_sha256 = Sha256::digest(&bytes).into();
@@ -397,6 +490,45 @@ fn comps_join(p: &str) -> String {
         .map(|c| String::from_utf8_lossy(c).into_owned())
         .collect::<Vec<_>>()
         .join("/")
+}
+
+/// The span of chunk `u` at output offset `out` of indexed layer `layer`: its byte
+/// offset in the layer and its place (format.md §17.3). A layer whose blocks are too
+/// long for a span of at most [`MAX_SPAN_SIZE`] cannot be indexed.
+fn place_span(
+    params: &WriteParams<'_>,
+    checkpoint_base: &[u32],
+    layer: u32,
+    out: u64,
+    u: &super::store::UniqueChunk,
+) -> Result<(u64, SpanPlace)> {
+    let l = &params.indexed[layer as usize];
+    let end = out + u64::from(u.uncompressed_size);
+    let s = gzip::span(&l.checkpoints, &l.marks, out..end, l.size);
+    let len = s.compressed.end - s.compressed.start;
+    let too_big = |what: &str, value: u64| Error::InvalidInput {
+        path: params.out_dir.to_path_buf(),
+        reason: format!(
+            "gzip layer sha256:{}: the chunk at output offset {out} needs {what} {value}, \
+             more than an index can record; the layer's DEFLATE blocks are too long to \
+             index (convert the image instead)",
+            hex::encode(l.digest)
+        ),
+    };
+    if len > u64::from(MAX_SPAN_SIZE) {
+        return Err(too_big("a span of", len));
+    }
+    let skip = u32::try_from(s.skip).map_err(|_| too_big("a skip of", s.skip))?;
+    Ok((
+        s.compressed.start,
+        SpanPlace {
+            compressed_size: len as u32,
+            checkpoint: s
+                .checkpoint
+                .map(|c| checkpoint_base[layer as usize] + c as u32),
+            skip,
+        },
+    ))
 }
 
 /// Copies the new chunks from the spool into `blobs/<sha256>` in placement order.
@@ -467,6 +599,7 @@ fn serialize(
     xattrs: &[XattrV1],
     prefetch: &[PrefetchV1],
     strings: &[u8],
+    checkpoints: &[CheckpointV1],
 ) -> Vec<u8> {
     let mut out = vec![0u8; size_of::<SuperblockV1>()];
     let mut table = |bytes: &[u8], count: usize| {
@@ -485,6 +618,13 @@ fn serialize(
     let t_xattrs = table(xattrs.as_bytes(), xattrs.len());
     let t_prefetch = table(prefetch.as_bytes(), prefetch.len());
     let t_strings = table(strings, strings.len());
+    // After the strings, and absent (all zero) in every converted image, whose bytes
+    // are then what they were before indexes existed.
+    let t_checkpoints = if checkpoints.is_empty() {
+        TableRefV1::default()
+    } else {
+        table(checkpoints.as_bytes(), checkpoints.len())
+    };
     let (chunking, chunk_size, cdc_min, cdc_max) = match params.chunking {
         Chunking::Fixed { size } => (1, size, 0, 0),
         Chunking::Cdc { min, avg, max } => (2, avg, min, max),
@@ -509,7 +649,8 @@ fn serialize(
         xattrs: t_xattrs,
         prefetch: t_prefetch,
         strings: t_strings,
-        reserved2: [0; 56],
+        checkpoints: t_checkpoints,
+        reserved2: [0; 40],
     };
     out[..size_of::<SuperblockV1>()].copy_from_slice(sb.as_bytes());
     let sum = bootstrap_checksum(&out);

@@ -11,8 +11,9 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use super::{BlobInfo, Bootstrap, ChunkInfo};
+use super::{BlobInfo, Bootstrap, ChunkInfo, SpanStart};
 use crate::chunk::decode_and_verify;
+use crate::gzip;
 use crate::{Error, Result};
 
 /// A store of an image's blobs, read by byte range.
@@ -34,14 +35,17 @@ pub fn read_chunk(
 ) -> Result<Vec<u8>> {
     let blob = bootstrap.blob(chunk.blob_index)?;
     let stored = source.read_at(&blob, chunk.compressed_offset, chunk.compressed_size)?;
-    decode_and_verify(
-        &stored,
-        chunk.compression,
-        chunk.uncompressed_size,
-        bootstrap.digest_algo(),
-        &chunk.digest,
-    )
-    .map_err(|reason| Error::BadChunk {
+    let decoded = match chunk.span {
+        Some(span) => inflate_span_chunk(source, bootstrap, chunk, span, &stored),
+        None => decode_and_verify(
+            &stored,
+            chunk.compression,
+            chunk.uncompressed_size,
+            bootstrap.digest_algo(),
+            &chunk.digest,
+        ),
+    };
+    decoded.map_err(|reason| Error::BadChunk {
         chunk: chunk.index,
         digest: bootstrap.digest_algo().format(&chunk.digest),
         blob: blob.oci_digest(),
@@ -49,6 +53,51 @@ pub fn read_chunk(
         compressed_size: chunk.compressed_size,
         reason,
     })
+}
+
+/// A span chunk (format.md §17.3): its checkpoint's window (itself a verified chunk),
+/// then the span inflated from the checkpoint, `skip` bytes dropped, the chunk's bytes
+/// checked against its digest.
+fn inflate_span_chunk(
+    source: &dyn BlobSource,
+    bootstrap: &Bootstrap,
+    chunk: &ChunkInfo,
+    span: SpanStart,
+    stored: &[u8],
+) -> Result<Vec<u8>, String> {
+    let checkpoint = match span.checkpoint {
+        Some(index) => {
+            let cp = bootstrap.checkpoint(index).map_err(|e| e.to_string())?;
+            let window = match cp.window_chunk {
+                Some(w) => {
+                    let w = bootstrap.chunk(w).map_err(|e| e.to_string())?;
+                    read_chunk(source, bootstrap, &w).map_err(|e| format!("its window: {e}"))?
+                }
+                None => vec![0; cp.window_len() as usize],
+            };
+            Some(gzip::Checkpoint {
+                in_bits: cp.in_bits,
+                out: cp.out,
+                window,
+            })
+        }
+        None => None,
+    };
+    let data = gzip::inflate_span(
+        stored,
+        checkpoint.as_ref(),
+        span.skip.into(),
+        chunk.uncompressed_size as usize,
+    )
+    .map_err(|e| e.to_string())?;
+    let actual = bootstrap.digest_algo().digest(&data);
+    if actual != chunk.digest {
+        return Err(format!(
+            "digest mismatch: data hashes to {}",
+            bootstrap.digest_algo().format(&actual)
+        ));
+    }
+    Ok(data)
 }
 
 /// The `blobs/` directory of an image dir, with blob files opened on first use.

@@ -12,8 +12,9 @@ use zerocopy::{FromBytes, Immutable, KnownLayout};
 
 use crate::chunk::{Chunking, Compression, DigestAlgo, MAX_CHUNK_SIZE};
 use crate::layout::{
-    mode, BlobV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1, TableRefV1,
-    XattrV1, HOLE, MAGIC, NAME_MAX, PATH_MAX, ROOT_INO, VERSION, XATTR_NAME_MAX, XATTR_VALUE_MAX,
+    mode, BlobV1, CheckpointV1, ChunkV1, DirentV1, FileChunkV1, InodeV1, PrefetchV1, SuperblockV1,
+    TableRefV1, XattrV1, HOLE, MAGIC, NAME_MAX, PATH_MAX, ROOT_INO, VERSION, XATTR_NAME_MAX,
+    XATTR_VALUE_MAX,
 };
 use crate::{Error, Result};
 
@@ -138,7 +139,39 @@ pub struct ChunkInfo {
     pub compressed_offset: u64,
     pub compressed_size: u32,
     pub uncompressed_size: u32,
+    /// For [`Compression::GzipSpan`]: where in the layer's output the chunk starts.
+    pub span: Option<SpanStart>,
 }
+
+/// Where a span chunk's output starts (format.md §17.3): at `skip` bytes after a
+/// checkpoint, or after the layer's start when `checkpoint` is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpanStart {
+    pub checkpoint: Option<u32>,
+    pub skip: u32,
+}
+
+/// A validated checkpoint-table record (format.md §17.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub index: u32,
+    pub in_bits: u64,
+    pub out: u64,
+    pub blob_index: u32,
+    /// The chunk holding the window, or `None` when the window is all zeros.
+    pub window_chunk: Option<u32>,
+}
+
+impl CheckpointInfo {
+    /// Bytes of output before `out` that the window holds.
+    pub fn window_len(&self) -> u32 {
+        self.out.min(crate::gzip::WINDOW as u64) as u32
+    }
+}
+
+/// Largest span a chunk of code 3 may name: a checkpoint's spacing plus a block and a
+/// mark, with room for layers compressed in big blocks.
+pub const MAX_SPAN_SIZE: u32 = 64 << 20;
 
 /// A validated blob-table record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +255,8 @@ pub struct Bootstrap {
     xattrs: Table,
     prefetch: Table,
     strings: Table,
+    /// Empty (count 0) unless the bootstrap is an index of gzip layers.
+    checkpoints: Table,
 }
 
 const SUPERBLOCK_SIZE: u64 = size_of::<SuperblockV1>() as u64;
@@ -300,7 +335,7 @@ impl Bootstrap {
         };
         zero("flags", 12, sb.flags.get() == 0)?;
         zero("reserved0", 58, sb.reserved0 == [0; 2])?;
-        zero("reserved2", 200, sb.reserved2 == [0; 56])?;
+        zero("reserved2", 216, sb.reserved2 == [0; 40])?;
         let digest_algo = DigestAlgo::from_byte(sb.digest_algo).ok_or_else(|| {
             Error::corrupt(
                 "superblock",
@@ -368,6 +403,22 @@ impl Bootstrap {
             xattrs: table("xattrs", 152, sb.xattrs, size_of::<XattrV1>())?,
             prefetch: table("prefetch", 168, sb.prefetch, size_of::<PrefetchV1>())?,
             strings: table("strings", 184, sb.strings, 1)?,
+            // All zero: no checkpoint table (a converted image).
+            checkpoints: if sb.checkpoints.offset.get() == 0 && sb.checkpoints.count.get() == 0 {
+                Table {
+                    name: "checkpoints",
+                    offset: SUPERBLOCK_SIZE,
+                    count: 0,
+                    record_size: size_of::<CheckpointV1>() as u64,
+                }
+            } else {
+                table(
+                    "checkpoints",
+                    200,
+                    sb.checkpoints,
+                    size_of::<CheckpointV1>(),
+                )?
+            },
             bytes,
         };
         if b.inodes.count == 0 || b.inodes.count > u64::from(u32::MAX - 1) {
@@ -812,16 +863,20 @@ impl Bootstrap {
                 format!("must be 1..={MAX_CHUNK_SIZE}"),
             ));
         }
-        if csize == 0
-            || (compression == Compression::None && csize != usize_)
-            || csize > MAX_CHUNK_SIZE
+        let max_stored = if compression == Compression::GzipSpan {
+            MAX_SPAN_SIZE
+        } else {
+            MAX_CHUNK_SIZE
+        };
+        if csize == 0 || (compression == Compression::None && csize != usize_) || csize > max_stored
         {
             return Err(Error::corrupt(
                 structure,
                 "compressed_size",
                 at + 48,
                 csize,
-                "must be non-zero, at most 16 MiB, and equal to uncompressed_size when stored raw",
+                "must be non-zero, at most 16 MiB (64 MiB for a gzip span), and equal to \
+                 uncompressed_size when stored raw",
             ));
         }
         let blob = self.blob(r.blob_index.get())?;
@@ -839,7 +894,7 @@ impl Bootstrap {
                 ),
             ));
         }
-        if r.reserved != [0; 3] || r.reserved2 != [0; 8] {
+        if r.reserved != [0; 3] || (compression != Compression::GzipSpan && r.reserved2 != [0; 8]) {
             return Err(Error::corrupt(
                 structure,
                 "reserved",
@@ -848,6 +903,51 @@ impl Bootstrap {
                 "must be zero",
             ));
         }
+        let span = if compression == Compression::GzipSpan {
+            let word = |i: usize| {
+                u32::from_le_bytes([
+                    r.reserved2[i],
+                    r.reserved2[i + 1],
+                    r.reserved2[i + 2],
+                    r.reserved2[i + 3],
+                ])
+            };
+            let (checkpoint, skip) = (word(0), word(4));
+            let starts_at = if checkpoint == HOLE {
+                0
+            } else {
+                let cp = self.checkpoint(checkpoint)?;
+                if cp.blob_index != r.blob_index.get() {
+                    return Err(Error::corrupt(
+                        structure,
+                        "checkpoint",
+                        at + 56,
+                        checkpoint,
+                        format!(
+                            "is in blob {}, the chunk in blob {}",
+                            cp.blob_index,
+                            r.blob_index.get()
+                        ),
+                    ));
+                }
+                cp.in_bits / 8
+            };
+            if r.compressed_offset.get() != starts_at {
+                return Err(Error::corrupt(
+                    structure,
+                    "compressed_offset",
+                    at + 40,
+                    r.compressed_offset.get(),
+                    format!("a span starts at its checkpoint's byte, {starts_at}"),
+                ));
+            }
+            Some(SpanStart {
+                checkpoint: (checkpoint != HOLE).then_some(checkpoint),
+                skip,
+            })
+        } else {
+            None
+        };
         Ok(ChunkInfo {
             index,
             digest: r.digest,
@@ -856,7 +956,76 @@ impl Bootstrap {
             compressed_offset: r.compressed_offset.get(),
             compressed_size: csize,
             uncompressed_size: usize_,
+            span,
         })
+    }
+
+    pub fn checkpoint_count(&self) -> u32 {
+        self.checkpoints.count as u32
+    }
+
+    /// Reads and validates checkpoint `index` (format.md §17.2), its window chunk
+    /// included.
+    pub fn checkpoint(&self, index: u32) -> Result<CheckpointInfo> {
+        let (r, at) = self.record::<CheckpointV1>(&self.checkpoints, index.into())?;
+        let structure = || format!("checkpoint[{index}]");
+        if r.reserved != [0; 8] {
+            return Err(Error::corrupt(
+                structure(),
+                "reserved",
+                at + 24,
+                "non-zero",
+                "must be zero",
+            ));
+        }
+        let out = r.out.get();
+        if out == 0 {
+            return Err(Error::corrupt(
+                structure(),
+                "out",
+                at + 8,
+                0,
+                "a checkpoint follows a block's output",
+            ));
+        }
+        let blob = self.blob(r.blob_index.get())?;
+        if r.in_bits.get() / 8 >= blob.size {
+            return Err(Error::corrupt(
+                structure(),
+                "in_bits",
+                at,
+                r.in_bits.get(),
+                format!(
+                    "lies past the end of blob {} ({} bytes)",
+                    blob.index, blob.size
+                ),
+            ));
+        }
+        let info = CheckpointInfo {
+            index,
+            in_bits: r.in_bits.get(),
+            out,
+            blob_index: blob.index,
+            window_chunk: (r.window_chunk.get() != HOLE).then_some(r.window_chunk.get()),
+        };
+        if let Some(w) = info.window_chunk {
+            let (wr, _) = self.record::<ChunkV1>(&self.chunks, w.into())?;
+            if wr.compression == Compression::GzipSpan.to_byte()
+                || wr.uncompressed_size.get() != info.window_len()
+            {
+                return Err(Error::corrupt(
+                    structure(),
+                    "window_chunk",
+                    at + 20,
+                    w,
+                    format!(
+                        "must name a chunk of {} bytes that is not itself a span",
+                        info.window_len()
+                    ),
+                ));
+            }
+        }
+        Ok(info)
     }
 
     /// Reads and validates blob `index`.
@@ -1116,6 +1285,9 @@ impl Bootstrap {
             }
             self.file_chunks(&inode)?;
             self.symlink_target(&inode)?;
+        }
+        for c in 0..self.checkpoint_count() {
+            self.checkpoint(c)?;
         }
         for c in 0..self.chunk_count() {
             self.chunk(c)?;

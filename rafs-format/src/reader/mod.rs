@@ -9,5 +9,6 @@ mod bootstrap;
 pub use blobs::{read_chunk, BlobSource, LocalBlobs};
 pub(crate) use bootstrap::{check_name, checksum as bootstrap_checksum};
 pub use bootstrap::{
-    BlobInfo, Bootstrap, ChunkInfo, DirEntry, FileChunk, FileKind, Inode, PrefetchEntry, Verify,
+    BlobInfo, Bootstrap, CheckpointInfo, ChunkInfo, DirEntry, FileChunk, FileKind, Inode,
+    PrefetchEntry, SpanStart, Verify, MAX_SPAN_SIZE,
 };
