@@ -94,6 +94,16 @@ pub(crate) struct StoreStats {
     pub dict_hits: u64,
 }
 
+/// A piece read but not yet hashed.
+#[derive(Debug)]
+struct PendingPiece {
+    /// The occurrence it fills.
+    occ: u32,
+    data: Vec<u8>,
+    /// For an indexed layer's piece: that layer and the piece's offset in its output.
+    origin: Option<(u32, u64)>,
+}
+
 pub(crate) struct ChunkStore {
     algo: DigestAlgo,
     compression: Compression,
@@ -105,9 +115,8 @@ pub(crate) struct ChunkStore {
     by_digest: HashMap<[u8; 32], u32>,
     dict: Dict,
     pub occurrences: Vec<Occurrence>,
-    /// Chunk data waiting for the next parallel batch, with the occurrence it fills and,
-    /// for an indexed layer's piece, where it is in that layer.
-    pending: Vec<(u32, Vec<u8>, Option<(u32, u64)>)>,
+    /// Chunk data waiting for the next parallel batch.
+    pending: Vec<PendingPiece>,
     /// The indexed gzip layer whose files are being added: their chunks become spans
     /// of it instead of being compressed and stored.
     span_layer: Option<u32>,
@@ -274,7 +283,7 @@ impl ChunkStore {
             len: data.len() as u32,
         });
         self.pending_bytes += data.len();
-        self.pending.push((occ, data, origin));
+        self.pending.push(PendingPiece { occ, data, origin });
         if self.pending_bytes >= BATCH_BYTES {
             self.flush()?;
         }
@@ -290,7 +299,7 @@ impl ChunkStore {
         type Hashed = (u32, Vec<u8>, Option<(u32, u64)>, Option<[u8; 32]>);
         let hashed: Vec<Hashed> = pending
             .into_par_iter()
-            .map(|(occ, data, origin)| {
+            .map(|PendingPiece { occ, data, origin }| {
                 let digest = (!data.iter().all(|&b| b == 0)).then(|| algo.digest(&data));
                 (occ, data, origin, digest)
             })
