@@ -87,7 +87,7 @@ impl Default for Phase {
 }
 
 impl ConvertProgress {
-    fn set_phase(&self, name: String) {
+    pub(crate) fn set_phase(&self, name: String) {
         tracing::info!(phase = %name, "convert");
         let mut phase = Phase {
             name,
@@ -599,7 +599,7 @@ async fn pull_config(client: &RegistryClient, source: &PlatformImage) -> Result<
 
 /// Downloads every layer into `work/layers/`, a few at once; returns their paths in
 /// layer order.
-async fn pull_layers(
+pub(crate) async fn pull_layers(
     client: &Arc<RegistryClient>,
     source: &PlatformImage,
     work: &Path,
@@ -704,14 +704,14 @@ fn rewrite_config(config: &[u8], build: &BuildSummary, dst: &Reference) -> Resul
     serde_json::to_vec(&value).map_err(|e| internal(dst, e))
 }
 
-fn compress_file(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn compress_file(from: &Path, to: &Path) -> Result<()> {
     let input = std::fs::File::open(from).map_err(|e| Error::io("open", from, e))?;
     let output = std::fs::File::create(to).map_err(|e| Error::io("create", to, e))?;
     zstd::stream::copy_encode(input, output, BOOTSTRAP_ZSTD_LEVEL)
         .map_err(|e| Error::io("compress into", to, e))
 }
 
-fn sha256_file(path: &Path) -> Result<(String, u64)> {
+pub(crate) fn sha256_file(path: &Path) -> Result<(String, u64)> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
     let mut hasher = Sha256::new();
     let size = std::io::copy(&mut f, &mut hasher).map_err(|e| Error::io("read", path, e))?;

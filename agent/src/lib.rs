@@ -21,6 +21,7 @@ mod error;
 pub mod fetch;
 pub mod fs;
 pub mod fuzzing;
+pub mod index;
 pub mod mirror;
 pub mod peer;
 pub mod registry;

@@ -1,7 +1,7 @@
 //! `tessera`: the node agent and its command-line tools.
 //!
 //! The binary carries the image tools (`build`, `inspect`, `check`, `unpack`, the last
-//! three also on registry images), `convert`, the daemon (`tessera agent`) and its
+//! three also on registry images), `convert`, `index`, the daemon (`tessera agent`) and its
 //! clients (`mount`, `umount`, `status`), and `containerd-config`; the work is done by
 //! the library (`tessera_agent`), one module per part of the data path.
 
@@ -33,6 +33,9 @@ enum Command {
     Unpack(commands::image::UnpackArgs),
     /// Convert a registry image into a Tessera image and push it to a registry.
     Convert(Box<commands::convert::ConvertArgs>),
+    /// Index a plain gzip image so it starts lazily without conversion; the index is
+    /// pushed beside it (an OCI referrer of its manifest).
+    Index(Box<commands::index::IndexArgs>),
     /// Run the node agent: lazy mounts, the chunk cache, the local API.
     Agent(Box<commands::agent::AgentArgs>),
     /// Mount an image through the agent (data is fetched as it is read).
@@ -67,6 +70,7 @@ fn main() {
         Command::Check(args) => commands::image::check(args),
         Command::Unpack(args) => commands::image::unpack(args),
         Command::Convert(args) => commands::convert::convert(*args),
+        Command::Index(args) => commands::index::index(*args),
         Command::Agent(args) => commands::agent::agent(*args),
         Command::Mount(args) => commands::agent::mount(args),
         Command::Umount(args) => commands::agent::umount(args),

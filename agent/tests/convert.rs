@@ -675,3 +675,183 @@ fn docker_schema2_sources_convert() {
     let reference = oci::umoci_unpack_rootfs(&layout, oci::TAG, &t.path().join("ref"));
     assert_trees_equal(&reference, &out, &CompareOptions::default());
 }
+
+/// `tessera index`: a plain image pushed by skopeo gets an index beside it (an OCI
+/// referrer of its manifest, found again by the manifest's digest), the image itself
+/// untouched; the index read through the registry equals `umoci unpack` of the image;
+/// a zstd image is refused with what to do instead.
+#[test]
+fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
+    use rafs_format::reader::{Bootstrap, Verify};
+    use tessera_agent::index::INDEX_ARTIFACT_TYPE;
+    use tessera_agent::registry::image::{RemoteBlobs, BOOTSTRAP_MEDIA_TYPE};
+    use tessera_agent::registry::referrers;
+
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let image = oci::build_layered_image(t.path());
+    let registry = Registry::start();
+    registry.push_layout(&image.layout, &image.tag, "src/app");
+    let src = format!("{}/src/app:{}", registry.addr, image.tag);
+    let (_, before) = get_manifest(&src);
+
+    let out = ok(&home, &["index", "--json", &src]);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let indexed = &summary["images"][0];
+    assert_eq!(indexed["manifest_digest"], before.as_str(), "{summary}");
+    let (_, after) = get_manifest(&src);
+    assert_eq!(after, before, "indexing changed the image");
+
+    let r = Reference::parse(&src).unwrap();
+    let found = block_on(referrers::list(
+        &client(),
+        &r,
+        &before,
+        Some(INDEX_ARTIFACT_TYPE),
+    ))
+    .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].digest, indexed["index_digest"].as_str().unwrap());
+
+    // The artifact names the manifest as its subject; its bootstrap layer is the index.
+    let (artifact, _) = get_manifest(&format!("{}/src/app@{}", registry.addr, found[0].digest));
+    assert_eq!(artifact["subject"]["digest"], before.as_str());
+    let bootstrap = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
+        .unwrap();
+    let mut zst = Vec::new();
+    block_on(client().blob(&r, bootstrap["digest"].as_str().unwrap(), &mut zst)).unwrap();
+    let b = Bootstrap::from_bytes(zstd::decode_all(&zst[..]).unwrap(), Verify::Checksum).unwrap();
+    b.validate_all().unwrap();
+
+    // Read through the registry: the layers themselves, in the image's repository.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let repo = Reference {
+        tag: None,
+        digest: None,
+        ..r.clone()
+    };
+    let blobs = RemoteBlobs::new(std::sync::Arc::new(client()), repo, rt.handle().clone());
+    let unpacked = t.path().join("unpacked");
+    rafs_format::image::unpack_image_to_dir(&b, &blobs, &unpacked).unwrap();
+    let reference = oci::umoci_unpack_rootfs(&image.layout, &image.tag, &t.path().join("ref"));
+    assert_trees_equal(&reference, &unpacked, &CompareOptions::default());
+
+    if let Some(zstd_layout) = &image.exported_zstd {
+        registry.push_layout(zstd_layout, &image.tag, "src/zstd");
+        let zsrc = format!("{}/src/zstd:{}", registry.addr, image.tag);
+        let refused = run_tessera(&home, &["index", &zsrc]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success());
+        assert!(
+            stderr.contains("only gzip layers can be indexed")
+                && stderr.contains("tessera convert"),
+            "{stderr}"
+        );
+    }
+}
+
+/// Reading one small file of an indexed image asks for a small part of its layer: the
+/// span from the checkpoint before the file, not the layer.
+#[test]
+fn a_small_file_of_an_indexed_image_reads_a_small_part_of_its_layer() {
+    use rafs_format::reader::{read_chunk, BlobInfo, BlobSource, Bootstrap, Verify};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tessera_agent::index::INDEX_ARTIFACT_TYPE;
+    use tessera_agent::registry::image::{RemoteBlobs, BOOTSTRAP_MEDIA_TYPE};
+    use tessera_agent::registry::referrers;
+
+    /// Counts the bytes asked of the layers (not the index's own blob).
+    struct Counting<'a>(&'a RemoteBlobs, AtomicU64, u64);
+    impl BlobSource for Counting<'_> {
+        fn read_at(&self, blob: &BlobInfo, offset: u64, len: u32) -> rafs_format::Result<Vec<u8>> {
+            if blob.size == self.2 {
+                self.1.fetch_add(u64::from(len), Ordering::Relaxed);
+            }
+            self.0.read_at(blob, offset, len)
+        }
+        fn verify_blob(&self, blob: &BlobInfo) -> rafs_format::Result<()> {
+            self.0.verify_blob(blob)
+        }
+    }
+
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let registry = Registry::start();
+    // Text that compresses about 3x, so the layer has DEFLATE blocks throughout.
+    let text: Vec<u8> = (0..40_000u32)
+        .flat_map(|i| {
+            format!(
+                "{i:08} {}\n",
+                ["alpha", "beta", "gamma", "delta"][i as usize % 4].repeat(1 + (i % 5) as usize)
+            )
+            .into_bytes()
+        })
+        .cycle()
+        .take(24 << 20)
+        .collect();
+    let small = b"the one file this test reads\n".to_vec();
+    let layout = t.path().join("layout");
+    build_files_image(
+        &layout,
+        "amd64",
+        &[vec![
+            ("big/a", text.clone()),
+            ("small.txt", small.clone()),
+            ("big/b", text),
+        ]],
+    );
+    registry.push_layout(&layout, oci::TAG, "src/files");
+    let src = format!("{}/src/files:{}", registry.addr, oci::TAG);
+    ok(&home, &["index", &src, "--platform", "linux/amd64"]);
+
+    let r = Reference::parse(&src).unwrap();
+    let (manifest, digest) = get_manifest(&src);
+    let layer_size = manifest["layers"][0]["size"].as_u64().unwrap();
+    let found = block_on(referrers::list(
+        &client(),
+        &r,
+        &digest,
+        Some(INDEX_ARTIFACT_TYPE),
+    ))
+    .unwrap();
+    let (artifact, _) = get_manifest(&format!("{}/src/files@{}", registry.addr, found[0].digest));
+    let bootstrap = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
+        .unwrap();
+    let mut zst = Vec::new();
+    block_on(client().blob(&r, bootstrap["digest"].as_str().unwrap(), &mut zst)).unwrap();
+    let b = Bootstrap::from_bytes(zstd::decode_all(&zst[..]).unwrap(), Verify::Checksum).unwrap();
+    assert!(
+        b.checkpoint_count() >= 10,
+        "{} checkpoints",
+        b.checkpoint_count()
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let repo = Reference {
+        tag: None,
+        digest: None,
+        ..r.clone()
+    };
+    let remote = RemoteBlobs::new(std::sync::Arc::new(client()), repo, rt.handle().clone());
+    let counting = Counting(&remote, AtomicU64::new(0), layer_size);
+    let inode = b.resolve(b"small.txt").unwrap().unwrap();
+    let mut got = Vec::new();
+    for piece in b.file_chunks(&inode).unwrap() {
+        let chunk = b.chunk(piece.chunk.unwrap()).unwrap();
+        got.extend(read_chunk(&counting, &b, &chunk).unwrap());
+    }
+    assert_eq!(got, small);
+    let asked = counting.1.load(Ordering::Relaxed);
+    assert!(
+        asked > 0 && asked * 4 < layer_size,
+        "asked {asked} bytes of a {layer_size} byte layer"
+    );
+}

@@ -91,7 +91,7 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
 }
 
 /// One line for the current phase: bytes done of the total and the phase's rate.
-fn progress_display(progress: Arc<ConvertProgress>) -> ProgressDisplay {
+pub(super) fn progress_display(progress: Arc<ConvertProgress>) -> ProgressDisplay {
     ProgressDisplay::start(move |_| {
         let phase = progress
             .phase
