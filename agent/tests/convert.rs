@@ -676,16 +676,52 @@ fn docker_schema2_sources_convert() {
     assert_trees_equal(&reference, &out, &CompareOptions::default());
 }
 
+/// The index `tessera index` pushed for manifest `digest` of `r`'s repository, found
+/// through its referrers: the artifact's digest, its manifest, and the bootstrap.
+fn pushed_index(
+    r: &Reference,
+    digest: &str,
+) -> (String, serde_json::Value, rafs_format::reader::Bootstrap) {
+    use rafs_format::reader::{Bootstrap, Verify};
+    use tessera_agent::index::INDEX_ARTIFACT_TYPE;
+    use tessera_agent::registry::image::BOOTSTRAP_MEDIA_TYPE;
+    use tessera_agent::registry::referrers;
+
+    let found = block_on(referrers::list(
+        &client(),
+        r,
+        digest,
+        Some(INDEX_ARTIFACT_TYPE),
+    ))
+    .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let artifact_ref = Reference {
+        tag: None,
+        digest: Some(found[0].digest.clone()),
+        ..r.clone()
+    };
+    let artifact: serde_json::Value =
+        serde_json::from_slice(&block_on(client().manifest(&artifact_ref)).unwrap().bytes).unwrap();
+    let bootstrap = artifact["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
+        .unwrap();
+    let mut zst = Vec::new();
+    block_on(client().blob(r, bootstrap["digest"].as_str().unwrap(), &mut zst)).unwrap();
+    let b = Bootstrap::from_bytes(zstd::decode_all(&zst[..]).unwrap(), Verify::Checksum).unwrap();
+    b.validate_all().unwrap();
+    (found[0].digest.clone(), artifact, b)
+}
+
 /// `tessera index`: a plain image pushed by skopeo gets an index beside it (an OCI
 /// referrer of its manifest, found again by the manifest's digest), the image itself
 /// untouched; the index read through the registry equals `umoci unpack` of the image;
 /// a zstd image is refused with what to do instead.
 #[test]
 fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
-    use rafs_format::reader::{Bootstrap, Verify};
-    use tessera_agent::index::INDEX_ARTIFACT_TYPE;
-    use tessera_agent::registry::image::{RemoteBlobs, BOOTSTRAP_MEDIA_TYPE};
-    use tessera_agent::registry::referrers;
+    use tessera_agent::registry::image::RemoteBlobs;
 
     let t = tempfile::tempdir().unwrap();
     let home = home(t.path());
@@ -703,29 +739,10 @@ fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
     assert_eq!(after, before, "indexing changed the image");
 
     let r = Reference::parse(&src).unwrap();
-    let found = block_on(referrers::list(
-        &client(),
-        &r,
-        &before,
-        Some(INDEX_ARTIFACT_TYPE),
-    ))
-    .unwrap();
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(found[0].digest, indexed["index_digest"].as_str().unwrap());
-
+    let (artifact_digest, artifact, b) = pushed_index(&r, &before);
+    assert_eq!(artifact_digest, indexed["index_digest"].as_str().unwrap());
     // The artifact names the manifest as its subject; its bootstrap layer is the index.
-    let (artifact, _) = get_manifest(&format!("{}/src/app@{}", registry.addr, found[0].digest));
     assert_eq!(artifact["subject"]["digest"], before.as_str());
-    let bootstrap = artifact["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
-        .unwrap();
-    let mut zst = Vec::new();
-    block_on(client().blob(&r, bootstrap["digest"].as_str().unwrap(), &mut zst)).unwrap();
-    let b = Bootstrap::from_bytes(zstd::decode_all(&zst[..]).unwrap(), Verify::Checksum).unwrap();
-    b.validate_all().unwrap();
 
     // Read through the registry: the layers themselves, in the image's repository.
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -758,11 +775,9 @@ fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
 /// span from the checkpoint before the file, not the layer.
 #[test]
 fn a_small_file_of_an_indexed_image_reads_a_small_part_of_its_layer() {
-    use rafs_format::reader::{read_chunk, BlobInfo, BlobSource, Bootstrap, Verify};
+    use rafs_format::reader::{read_chunk, BlobInfo, BlobSource};
     use std::sync::atomic::{AtomicU64, Ordering};
-    use tessera_agent::index::INDEX_ARTIFACT_TYPE;
-    use tessera_agent::registry::image::{RemoteBlobs, BOOTSTRAP_MEDIA_TYPE};
-    use tessera_agent::registry::referrers;
+    use tessera_agent::registry::image::RemoteBlobs;
 
     /// Counts the bytes asked of the layers (not the index's own blob).
     struct Counting<'a>(&'a RemoteBlobs, AtomicU64, u64);
@@ -811,23 +826,7 @@ fn a_small_file_of_an_indexed_image_reads_a_small_part_of_its_layer() {
     let r = Reference::parse(&src).unwrap();
     let (manifest, digest) = get_manifest(&src);
     let layer_size = manifest["layers"][0]["size"].as_u64().unwrap();
-    let found = block_on(referrers::list(
-        &client(),
-        &r,
-        &digest,
-        Some(INDEX_ARTIFACT_TYPE),
-    ))
-    .unwrap();
-    let (artifact, _) = get_manifest(&format!("{}/src/files@{}", registry.addr, found[0].digest));
-    let bootstrap = artifact["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
-        .unwrap();
-    let mut zst = Vec::new();
-    block_on(client().blob(&r, bootstrap["digest"].as_str().unwrap(), &mut zst)).unwrap();
-    let b = Bootstrap::from_bytes(zstd::decode_all(&zst[..]).unwrap(), Verify::Checksum).unwrap();
+    let (_, _, b) = pushed_index(&r, &digest);
     assert!(
         b.checkpoint_count() >= 10,
         "{} checkpoints",

@@ -169,58 +169,45 @@ pub(crate) fn write(
     let mut final_index: HashMap<u32, u32> = HashMap::new();
     let mut placed: Vec<(u32, BlobKey, u64)> = Vec::new(); // (unique id, blob, offset)
     let mut new_blob_len = 0u64;
+    // Files' chunks in reading order, then the checkpoint windows: ordinary chunks no
+    // file names (`true`: a window, which may not be a span).
     let files = prefetch_nodes.iter().chain(order.iter());
-    for &node in files {
-        let NodeData::File { pieces, .. } = &tree.node(node).data else {
+    let file_chunks = files.flat_map(|&node| match &tree.node(node).data {
+        NodeData::File { pieces, .. } => {
+            &store.occurrences[pieces.start as usize..pieces.end as usize]
+        }
+        _ => &[][..],
+    });
+    let windows = params.indexed.iter().flat_map(|l| &l.windows);
+    let wanted = file_chunks
+        .map(|occ| (occ.chunk, false))
+        .chain(windows.map(|&occ| (store.occurrences[occ as usize].chunk, true)));
+    for (id, window) in wanted {
+        if id == HOLE || final_index.contains_key(&id) {
             continue;
+        }
+        let u = store.unique[id as usize];
+        let (key, offset) = match u.location {
+            Location::Spool { .. } => {
+                let at = new_blob_len;
+                new_blob_len += u64::from(u.compressed_size);
+                (BlobKey::New, at)
+            }
+            Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
+            Location::Span { .. } if window => {
+                return Err(Error::InvalidInput {
+                    path: params.out_dir.to_path_buf(),
+                    reason: "a checkpoint window was recorded as a span".into(),
+                })
+            }
+            Location::Span { layer, out } => {
+                let (at, place) = place_span(params, &checkpoint_base, layer, out, &u)?;
+                spans.insert(id, place);
+                (BlobKey::Layer(layer), at)
+            }
         };
-        for occ in &store.occurrences[pieces.start as usize..pieces.end as usize] {
-            if occ.chunk == HOLE || final_index.contains_key(&occ.chunk) {
-                continue;
-            }
-            let u = store.unique[occ.chunk as usize];
-            let (key, offset) = match u.location {
-                Location::Spool { .. } => {
-                    let at = new_blob_len;
-                    new_blob_len += u64::from(u.compressed_size);
-                    (BlobKey::New, at)
-                }
-                Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
-                Location::Span { layer, out } => {
-                    let (at, place) = place_span(params, &checkpoint_base, layer, out, &u)?;
-                    spans.insert(occ.chunk, place);
-                    (BlobKey::Layer(layer), at)
-                }
-            };
-            final_index.insert(occ.chunk, placed.len() as u32);
-            placed.push((occ.chunk, key, offset));
-        }
-    }
-    // Checkpoint windows: ordinary chunks no file names, placed after the files'.
-    for layer in params.indexed {
-        for &occ in &layer.windows {
-            let id = store.occurrences[occ as usize].chunk;
-            if id == HOLE || final_index.contains_key(&id) {
-                continue;
-            }
-            let u = store.unique[id as usize];
-            let (key, offset) = match u.location {
-                Location::Spool { .. } => {
-                    let at = new_blob_len;
-                    new_blob_len += u64::from(u.compressed_size);
-                    (BlobKey::New, at)
-                }
-                Location::Dict { blob, offset } => (BlobKey::Dict(blob), offset),
-                Location::Span { .. } => {
-                    return Err(Error::InvalidInput {
-                        path: params.out_dir.to_path_buf(),
-                        reason: "a checkpoint window was recorded as a span".into(),
-                    })
-                }
-            };
-            final_index.insert(id, placed.len() as u32);
-            placed.push((id, key, offset));
-        }
+        final_index.insert(id, placed.len() as u32);
+        placed.push((id, key, offset));
     }
 
     // Blob indexes: the new blob first, then dictionary blobs in first-use order.
