@@ -731,7 +731,13 @@ fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
     let src = format!("{}/src/app:{}", registry.addr, image.tag);
     let (_, before) = get_manifest(&src);
 
-    let out = ok(&home, &["index", "--json", &src]);
+    // The start-up's files, recorded so that their spans are fetched first.
+    let prefetch = t.path().join("prefetch.txt");
+    std::fs::write(&prefetch, "/data/a.txt\n").unwrap();
+    let out = ok(
+        &home,
+        &["index", "--json", &src, "--prefetch-list", s(&prefetch)],
+    );
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let indexed = &summary["images"][0];
     assert_eq!(indexed["manifest_digest"], before.as_str(), "{summary}");
@@ -743,6 +749,13 @@ fn an_indexed_plain_image_reads_like_umoci_and_stays_as_it_was() {
     assert_eq!(artifact_digest, indexed["index_digest"].as_str().unwrap());
     // The artifact names the manifest as its subject; its bootstrap layer is the index.
     assert_eq!(artifact["subject"]["digest"], before.as_str());
+    let listed: Vec<_> = b
+        .prefetch()
+        .unwrap()
+        .iter()
+        .map(|p| p.path.to_vec())
+        .collect();
+    assert_eq!(listed, vec![b"/data/a.txt".to_vec()]);
 
     // Read through the registry: the layers themselves, in the image's repository.
     let rt = tokio::runtime::Runtime::new().unwrap();
