@@ -25,8 +25,7 @@ use crate::registry::reference::{Platform, Reference};
 use crate::registry::referrers::{self, Artifact, Descriptor};
 use crate::{Error, Result};
 
-/// The `artifactType` of a Tessera index (the referrer an agent looks for).
-pub const INDEX_ARTIFACT_TYPE: &str = "application/vnd.tessera.index.v1";
+pub use crate::registry::image::INDEX_ARTIFACT_TYPE;
 
 /// What to index and how.
 #[derive(Debug, Clone)]

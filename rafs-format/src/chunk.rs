@@ -255,7 +255,7 @@ pub fn decompress(
         }
         Compression::GzipSpan => {
             return Err("a span of a gzip layer is inflated from its checkpoint \
-                 (rafs_format::reader::read_chunk), not on its own"
+                 (rafs_format::gzip::inflate_ranges), not on its own"
                 .into())
         }
     };
@@ -278,14 +278,21 @@ pub fn decode_and_verify(
     digest: &[u8; 32],
 ) -> Result<Vec<u8>, String> {
     let data = decompress(stored, compression, uncompressed_size)?;
-    let actual = algo.digest(&data);
+    verify_digest(&data, algo, digest)?;
+    Ok(data)
+}
+
+/// Checks decoded chunk bytes against their digest (what [`decode_and_verify`] does
+/// after decoding, for bytes decoded elsewhere: spans of a gzip layer).
+pub fn verify_digest(data: &[u8], algo: DigestAlgo, digest: &[u8; 32]) -> Result<(), String> {
+    let actual = algo.digest(data);
     if &actual != digest {
         return Err(format!(
             "digest mismatch: data hashes to {}",
             algo.format(&actual)
         ));
     }
-    Ok(data)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -138,6 +138,25 @@ pub fn inflate_span(
     skip: u64,
     len: usize,
 ) -> Result<Vec<u8>> {
+    let mut got = Vec::new();
+    inflate_ranges(compressed, checkpoint, &[(skip, len)], |_, bytes| {
+        got = bytes
+    })
+    .map_err(|(_, e)| e)?;
+    Ok(got)
+}
+
+/// Inflates several output ranges of one span in one pass, so ranges that share a
+/// checkpoint cost one inflation, not one each: `ranges` are `(skip, len)` from the
+/// checkpoint (or the stream's start), ascending and not overlapping. `each(i, bytes)`
+/// receives range `i` as soon as it is complete. On an error (the span is damaged or
+/// ends early) the pass stops: the error names the first range not delivered.
+pub fn inflate_ranges(
+    compressed: &[u8],
+    checkpoint: Option<&Checkpoint>,
+    ranges: &[(u64, usize)],
+    mut each: impl FnMut(usize, Vec<u8>),
+) -> std::result::Result<(), (usize, Error)> {
     let unwrap = |e: io::Error, what: &str| match e.into_inner().map(|e| e.downcast::<Error>()) {
         Some(Ok(e)) => *e,
         Some(Err(e)) => Error::Gzip {
@@ -150,22 +169,29 @@ pub fn inflate_span(
         },
     };
     let mut reader = match checkpoint {
-        Some(cp) => GzipReader::resume(compressed, cp)?,
+        Some(cp) => GzipReader::resume(compressed, cp).map_err(|e| (0, e))?,
         None => GzipReader::new(compressed),
     };
-    let skipped = io::copy(&mut reader.by_ref().take(skip), &mut io::sink())
-        .map_err(|e| unwrap(e, "skipping to the range"))?;
-    let mut out = vec![0u8; len];
-    if skipped < skip {
-        return Err(unwrap(
-            io::ErrorKind::UnexpectedEof.into(),
-            "skipping to the range",
-        ));
+    let mut at = 0u64;
+    for (i, &(skip, len)) in ranges.iter().enumerate() {
+        let gap = skip.checked_sub(at).ok_or_else(|| {
+            let reason = format!("range {i} starts at {skip}, before the end of the last, {at}");
+            (i, Error::Gzip { offset: 0, reason })
+        })?;
+        let skipped = io::copy(&mut reader.by_ref().take(gap), &mut io::sink())
+            .map_err(|e| (i, unwrap(e, "skipping to the range")))?;
+        if skipped < gap {
+            let eof = io::ErrorKind::UnexpectedEof.into();
+            return Err((i, unwrap(eof, "skipping to the range")));
+        }
+        let mut out = vec![0u8; len];
+        reader
+            .read_exact(&mut out)
+            .map_err(|e| (i, unwrap(e, "inflating the range")))?;
+        at = skip + len as u64;
+        each(i, out);
     }
-    reader
-        .read_exact(&mut out)
-        .map_err(|e| unwrap(e, "inflating the range"))?;
-    Ok(out)
+    Ok(())
 }
 
 /// A gzip decoder (one or more members, RFC 1952) that is read like a file and, when

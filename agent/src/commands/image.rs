@@ -324,7 +324,7 @@ impl ImageSource {
         let path = rt
             .block_on(async {
                 let img = registry_image::resolve_platform(&client, r, &platform).await?;
-                registry_image::fetch_bootstrap(&client, &img, tmp.path()).await
+                registry_image::fetch_bootstrap_or_index(&client, &img, tmp.path()).await
             })
             .with_context(|| format!("fetch the bootstrap of {r}"))?;
         let bootstrap = image::open_validated(tmp.path())

@@ -175,15 +175,26 @@ impl Agent {
         Ok((resolved, chunks))
     }
 
-    /// The image's bootstrap: from the local store if this layer was fetched before
-    /// (it is named by its verified digest), else fetched, verified and stored. A stored
-    /// copy that fails its checksum is fetched again; one that cannot be stored (a full
-    /// disk) is used from memory.
+    /// The image's bootstrap (its own, or its index's for a plain image): from the
+    /// local store if this layer was fetched before (it is named by its verified
+    /// digest), else fetched, verified and stored. A stored copy that fails its
+    /// checksum is fetched again; one that cannot be stored (a full disk) is used from
+    /// memory. An index must read this very image (`BootstrapLocation::check`).
     pub(super) async fn bootstrap_for(
         &self,
         image: &registry_image::PlatformImage,
     ) -> Result<Bootstrap> {
-        let layer = registry_image::bootstrap_layer(image)?;
+        let location = registry_image::locate_bootstrap(&self.client, image).await?;
+        let bootstrap = self.bootstrap_at(image, &location.layer).await?;
+        location.check(image, &bootstrap)?;
+        Ok(bootstrap)
+    }
+
+    async fn bootstrap_at(
+        &self,
+        image: &registry_image::PlatformImage,
+        layer: &oci_spec::image::Descriptor,
+    ) -> Result<Bootstrap> {
         let name = layer.digest().to_string().replace(':', "-");
         let stored = self.bootstrap_dir.join(&name);
         if let Ok(bytes) = std::fs::read(&stored) {
@@ -198,7 +209,7 @@ impl Agent {
                 }
             }
         }
-        let bytes = registry_image::bootstrap_bytes(&self.client, image).await?;
+        let bytes = registry_image::bootstrap_bytes_at(&self.client, image, layer).await?;
         let bootstrap = Bootstrap::from_bytes(bytes, Verify::Checksum)?;
         bootstrap.validate_all()?;
         if let Err(e) = self.store_bootstrap(&stored, bootstrap.as_bytes()) {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::readahead::ReadAhead;
 use super::seams::{Origin, Store};
-use super::unit::{Event, Unit, Wanted};
+use super::unit::{Event, Resume, Unit, Wanted};
 use super::Source;
 use crate::cache::ChunkKey;
 use crate::peer::Network;
@@ -91,17 +91,19 @@ impl ImageChunks {
         origin: Arc<dyn Origin>,
     ) -> Result<Self> {
         let blobs = bootstrap.blobs()?;
-        let mut order: Vec<Vec<(u64, u32)>> = vec![Vec::new(); blobs.len()];
+        // In each blob, by place; spans of one checkpoint (one place) in output order.
+        let mut order: Vec<Vec<(u64, u32, u32)>> = vec![Vec::new(); blobs.len()];
         for c in 0..bootstrap.chunk_count() {
             let info = bootstrap.chunk(c)?;
-            order[info.blob_index as usize].push((info.compressed_offset, c));
+            let skip = info.span.map_or(0, |s| s.skip);
+            order[info.blob_index as usize].push((info.compressed_offset, skip, c));
         }
         let mut position = vec![0u32; bootstrap.chunk_count() as usize];
         let order: Vec<Vec<u32>> = order
             .into_iter()
             .map(|mut chunks| {
                 chunks.sort_unstable();
-                chunks.into_iter().map(|(_, c)| c).collect::<Vec<u32>>()
+                chunks.into_iter().map(|(_, _, c)| c).collect::<Vec<u32>>()
             })
             .collect();
         for chunks in &order {
@@ -153,6 +155,7 @@ impl ImageChunks {
             stored_size: info.compressed_size,
             compression: info.compression,
             size: info.uncompressed_size,
+            span: info.span,
         }
     }
 
@@ -216,6 +219,40 @@ impl Wanted for ImageChunks {
 
     fn origin(&self) -> &dyn Origin {
         self.origin.as_ref()
+    }
+
+    fn along_with(&self, unit: &Unit) -> Vec<Unit> {
+        let Some(span) = unit.span else {
+            return Vec::new();
+        };
+        let (Some(order), Some(&pos)) = (
+            self.ahead.order.get(unit.blob as usize),
+            self.ahead.position.get(unit.index as usize),
+        ) else {
+            return Vec::new();
+        };
+        order[..pos as usize]
+            .iter()
+            .rev()
+            .map_while(|&c| {
+                let before = self.unit(c).ok()?;
+                (before.span?.checkpoint == span.checkpoint).then_some(before)
+            })
+            .collect()
+    }
+
+    fn resume(&self, checkpoint: u32) -> Option<Resume> {
+        let cp = self.bootstrap.checkpoint(checkpoint).ok()?;
+        let window = match cp.window_chunk {
+            Some(w) => Some(self.unit(w).ok()?),
+            None => None,
+        };
+        Some(Resume {
+            in_bits: cp.in_bits,
+            out: cp.out,
+            window,
+            window_len: cp.window_len(),
+        })
     }
 
     fn keep_in_memory(&self) -> bool {

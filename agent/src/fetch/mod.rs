@@ -38,6 +38,7 @@ mod peers;
 mod readahead;
 mod run;
 pub mod seams;
+mod span;
 mod unit;
 
 #[cfg(test)]
@@ -46,7 +47,7 @@ mod tests;
 pub use image::{ImageChunks, PullStats, PullSummary};
 pub use metrics::{FetchMetrics, Source, SourceLabel};
 pub use seams::{ForwardedOrigin, Origin, Peers, RegistryOrigin, Store};
-pub use unit::{Event, Fetched, Unit, Wanted};
+pub use unit::{Event, Fetched, Resume, SpanStart, Unit, Wanted};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -10,8 +10,14 @@ use tokio::time::Instant;
 
 use tessera_proto::pb;
 
-use super::run::{Check, Planned};
-use super::unit::{Event, Wanted};
+use std::collections::HashMap;
+
+use rafs_format::gzip;
+use tokio::task::JoinHandle;
+
+use super::run::Planned;
+use super::span::pieces;
+use super::unit::{Event, Fetched, Wanted};
 use super::{Fetcher, Outcome, Source};
 use crate::ChunkFailure;
 
@@ -32,19 +38,33 @@ impl Fetcher {
         let mut last_error = String::new();
         for attempt in 0..self.config.attempts {
             let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
-            let (Some(&lo), Some(&hi)) = (pending.first(), pending.last()) else {
+            if pending.is_empty() {
                 break;
-            };
+            }
             if attempt > 0 {
                 tokio::time::sleep(backoff(attempt)).await;
             }
-            let (start, end) = (run[lo].unit.offset, run[hi].unit.range().1);
-            let blob = wanted.blob(&run[lo].unit).to_string();
+            let (start, end) = super::run::span(pending.iter().map(|&i| &run[i].unit));
+            let blob = wanted.blob(&run[pending[0]].unit).to_string();
             let started = Instant::now();
-            // Units of `pending` looked at in this attempt, in blob order: each is
-            // checked as soon as its last byte is here.
+            // The pending units as pieces verified together, in the order their bytes
+            // are complete: each is checked as soon as its last byte is here.
+            let pieces = pieces(run, &pending);
+            // Spans' checkpoints, their windows fetched meanwhile.
+            let mut resumes: HashMap<u32, JoinHandle<Result<gzip::Checkpoint, String>>> = pieces
+                .iter()
+                .filter_map(|p| p.checkpoint.flatten())
+                .map(|index| {
+                    let (this, wanted) = (self.clone(), wanted.clone());
+                    (
+                        index,
+                        tokio::spawn(async move { this.resume_at(&wanted, index).await }),
+                    )
+                })
+                .collect();
             let mut looked_at = 0;
-            let mut checks: Vec<(usize, Check)> = Vec::new();
+            // Each piece's check, with the result of each of its members.
+            let mut checks: Vec<JoinHandle<Vec<(usize, Result<Fetched, String>)>>> = Vec::new();
             // Bytes that came over the network, whole or not (`arrived` starts again
             // from the range's start when the origin asks anew after a cut).
             let (mut received, mut shown) = (0, 0);
@@ -52,27 +72,68 @@ impl Fetcher {
                 let now = arrived.len() as u64;
                 received += if now >= shown { now - shown } else { now };
                 shown = now;
-                while let Some(&i) = pending.get(looked_at) {
-                    let unit = run[i].unit;
-                    let from = (unit.offset - start) as usize;
-                    let to = from + unit.stored_size as usize;
+                while let Some(piece) = pieces.get(looked_at) {
+                    let from = (piece.range.0 - start) as usize;
+                    let to = (piece.range.1 - start) as usize;
                     if arrived.len() < to {
                         break;
                     }
                     looked_at += 1;
                     let raw = arrived[from..to].to_vec();
-                    let (this, wanted, run) = (self.clone(), wanted.clone(), run.clone());
-                    let check = super::started_blocking(move || {
-                        this.verify_and_keep(
-                            wanted.as_ref(),
-                            &run[i],
-                            &raw,
-                            unit.compression,
-                            Source::Origin,
-                            started,
-                        )
-                    });
-                    checks.push((i, check));
+                    let (this, wanted, run, piece) =
+                        (self.clone(), wanted.clone(), run.clone(), piece.clone());
+                    let check = match piece.checkpoint {
+                        None => {
+                            let i = piece.members[0];
+                            let unit = run[i].unit;
+                            super::started_blocking(move || {
+                                let kept = this.verify_and_keep(
+                                    wanted.as_ref(),
+                                    &run[i],
+                                    &raw,
+                                    unit.compression,
+                                    Source::Origin,
+                                    started,
+                                );
+                                vec![(i, kept)]
+                            })
+                        }
+                        Some(checkpoint) => {
+                            let resume = checkpoint.and_then(|c| resumes.remove(&c));
+                            tokio::spawn(async move {
+                                let resume = match resume {
+                                    None => Ok(None),
+                                    Some(task) => match task.await {
+                                        Ok(got) => got.map(Some),
+                                        Err(_) => Err(ChunkFailure::Stopped.to_string()),
+                                    },
+                                };
+                                let resume = match resume {
+                                    Ok(resume) => resume,
+                                    Err(e) => {
+                                        return piece
+                                            .members
+                                            .iter()
+                                            .map(|&i| (i, Err(e.clone())))
+                                            .collect()
+                                    }
+                                };
+                                super::blocking(move || {
+                                    this.inflate_and_keep(
+                                        wanted.as_ref(),
+                                        &run,
+                                        &piece,
+                                        &raw,
+                                        resume,
+                                        started,
+                                    )
+                                })
+                                .await
+                                .unwrap_or_default()
+                            })
+                        }
+                    };
+                    checks.push(check);
                 }
             };
             let fetched = wanted.origin().range(&blob, start..end, &mut take).await;
@@ -86,33 +147,38 @@ impl Fetcher {
             };
             wanted.observe(Event::OriginTransfer { bytes: received });
             let (mut held, mut verified) = (Vec::new(), 0);
-            for (i, check) in checks {
-                match check.await {
-                    Ok(Ok(got)) => {
-                        verified += got.data.len() as u64;
-                        if got.newly_stored {
-                            held.push((run[i].unit.key, run[i].unit.range()));
+            for check in checks {
+                let Ok(results) = check.await else {
+                    last_error = ChunkFailure::Stopped.to_string();
+                    continue;
+                };
+                for (i, result) in results {
+                    match result {
+                        Ok(got) => {
+                            verified += got.data.len() as u64;
+                            if got.newly_stored {
+                                held.push((run[i].unit.key, run[i].unit.range()));
+                            }
+                            outcomes[i] = Some(Ok(got));
                         }
-                        outcomes[i] = Some(Ok(got));
-                    }
-                    Ok(Err(reason)) => {
-                        self.count_failure(wanted.as_ref(), Source::Origin, true);
-                        tracing::error!(
-                            image = %wanted.name(),
-                            chunk = run[i].unit.index,
-                            blob,
-                            offset = run[i].unit.offset,
-                            attempt,
-                            reason,
-                            "chunk from origin failed verification; discarded"
-                        );
-                        last_error = ChunkFailure::Verification {
-                            from: "origin",
-                            reason,
+                        Err(reason) => {
+                            self.count_failure(wanted.as_ref(), Source::Origin, true);
+                            tracing::error!(
+                                image = %wanted.name(),
+                                chunk = run[i].unit.index,
+                                blob,
+                                offset = run[i].unit.offset,
+                                attempt,
+                                reason,
+                                "chunk from origin failed verification; discarded"
+                            );
+                            last_error = ChunkFailure::Verification {
+                                from: "origin",
+                                reason,
+                            }
+                            .to_string();
                         }
-                        .to_string();
                     }
-                    Err(_) => last_error = ChunkFailure::Stopped.to_string(),
                 }
             }
             // What was verified before a cut is kept and may be announced.

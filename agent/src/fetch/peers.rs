@@ -487,6 +487,7 @@ mod tests {
                     stored_size: 100,
                     compression: Compression::None,
                     size: 100,
+                    span: None,
                 },
                 done: tokio::sync::watch::channel(None).0,
             })

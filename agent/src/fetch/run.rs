@@ -44,7 +44,10 @@ impl Fetcher {
     }
 
     /// [`plan_run`](Self::plan_run) within `max_bytes` instead, taking only units
-    /// `may_join` accepts.
+    /// `may_join` accepts. Spans ([`Unit::span`]) overlap: one joins while it starts
+    /// within the run's bytes, and spans the run cannot take (stored, in flight) are
+    /// stepped over rather than ending it, since inflating passes them anyway.
+    /// Spans the first brings at no cost ([`Wanted::along_with`]) join first.
     pub(super) fn plan_run_up_to(
         &self,
         flights: &mut HashMap<ChunkKey, watch::Receiver<Option<Outcome>>>,
@@ -54,23 +57,36 @@ impl Fetcher {
         may_join: impl Fn(&Unit) -> bool,
     ) -> Arc<[Planned]> {
         let mut planned = vec![first];
-        let mut end = first.range().1;
-        let mut bytes = u64::from(first.stored_size);
+        let takes = |planned: &[Unit], unit: &Unit| {
+            may_join(unit)
+                && !flights.contains_key(&unit.key)
+                && !planned.iter().any(|u| u.key == unit.key)
+                && !self.store.contains(&unit.key)
+        };
+        for unit in wanted.along_with(&first) {
+            if takes(&planned, &unit) {
+                planned.push(unit);
+            }
+        }
+        // A span's own bytes start at its checkpoint, often far before its data: the
+        // budget counts what the run adds after it.
+        let budget_from = match first.span {
+            Some(_) => first.range().1,
+            None => first.offset,
+        };
+        let mut end = span(&planned).1;
         let mut last = first;
         while let Some(next) = wanted.next_in_blob(&last) {
-            let size = u64::from(next.stored_size);
-            if next.offset != end
-                || bytes + size > max_bytes
-                || !may_join(&next)
-                || flights.contains_key(&next.key)
-                || planned.iter().any(|u| u.key == next.key)
-                || self.store.contains(&next.key)
-            {
+            let next_end = next.range().1.max(end);
+            if next.offset > end || next_end - budget_from > max_bytes {
                 break;
             }
-            end += size;
-            bytes += size;
-            planned.push(next);
+            if takes(&planned, &next) {
+                end = next_end;
+                planned.push(next);
+            } else if next.span.is_none() {
+                break;
+            }
             last = next;
         }
         planned
@@ -126,13 +142,8 @@ impl Fetcher {
     }
 
     /// Blocking: verifies a unit's bytes from `source` (stored with `compression`),
-    /// answers its waiters, then stores it. The waiters do not wait for the store (a
-    /// file created and written): the bytes are verified, and until the store is done
-    /// the unit stays in flight, so a caller coming meanwhile is answered from the
-    /// flight rather than fetching it again. The `Fetched` on success (`newly_stored`:
-    /// whether the store took it; the waiters were told `true`, that it is being
-    /// stored); on a mismatch the reason, and nobody is answered (the unit is fetched
-    /// again elsewhere).
+    /// then [`keep`](Self::keep)s it. On a mismatch the reason, and nobody is answered
+    /// (the unit is fetched again elsewhere).
     pub(super) fn verify_and_keep(
         &self,
         wanted: &dyn Wanted,
@@ -144,6 +155,24 @@ impl Fetcher {
     ) -> Result<Fetched, String> {
         let unit = &planned.unit;
         let data = decode_and_verify(raw, compression, unit.size, unit.key.algo, &unit.key.digest)?;
+        Ok(self.keep(wanted, planned, data, source, started))
+    }
+
+    /// Blocking: answers a verified unit's waiters, then stores it. The waiters do not
+    /// wait for the store (a file created and written): the bytes are verified, and
+    /// until the store is done the unit stays in flight, so a caller coming meanwhile
+    /// is answered from the flight rather than fetching it again. `newly_stored`:
+    /// whether the store took it (the waiters were told `true`, that it is being
+    /// stored).
+    pub(super) fn keep(
+        &self,
+        wanted: &dyn Wanted,
+        planned: &Planned,
+        data: Vec<u8>,
+        source: Source,
+        started: Instant,
+    ) -> Fetched {
+        let unit = &planned.unit;
         let bytes = data.len() as u64;
         wanted.observe(Event::Got { source, bytes });
         self.metrics.record(source, bytes, started.elapsed());
@@ -164,11 +193,11 @@ impl Fetcher {
             }
         };
         self.land(planned);
-        Ok(Fetched {
+        Fetched {
             data,
             source,
             newly_stored,
-        })
+        }
     }
 
     /// Counts a failed request to `source`, or (with `verification`) bytes from it that

@@ -403,6 +403,7 @@ impl FakeWanted {
             stored_size: UNIT,
             compression: Compression::None,
             size: UNIT,
+            span: None,
         }
     }
 

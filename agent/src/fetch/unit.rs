@@ -13,6 +13,7 @@
 use std::sync::Arc;
 
 use rafs_format::chunk::Compression;
+pub use rafs_format::reader::SpanStart;
 
 use super::seams::Origin;
 use super::Source;
@@ -35,6 +36,23 @@ pub struct Unit {
     pub compression: Compression,
     /// Its size decoded.
     pub size: u32,
+    /// For a span of an unconverted gzip layer (`compression` is `GzipSpan`,
+    /// format.md §17.3): the checkpoint its inflation starts from (`None`: the layer's
+    /// start, at `offset` 0) and the output bytes it skips. Its stored bytes start at
+    /// the checkpoint's byte, so spans of one checkpoint overlap: the pipeline
+    /// inflates those of a run together, once ([`super::span`]).
+    pub span: Option<SpanStart>,
+}
+
+/// Where a span's inflation resumes: a checkpoint of its layer (format.md §17.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    pub in_bits: u64,
+    pub out: u64,
+    /// The unit holding the 32 KiB of output before `out` (an ordinary unit of the
+    /// index's own blob); `None` when those bytes are all zero.
+    pub window: Option<Unit>,
+    pub window_len: u32,
 }
 
 impl Unit {
@@ -83,6 +101,18 @@ pub trait Wanted: Send + Sync + 'static {
 
     /// Where units are read when neither the store nor a peer has them.
     fn origin(&self) -> &dyn Origin;
+
+    /// Units a request for `unit` brings at no cost in bytes: for a span, the spans of
+    /// the same checkpoint whose output comes before its own (inflating up to it
+    /// produces theirs).
+    fn along_with(&self, _unit: &Unit) -> Vec<Unit> {
+        Vec::new()
+    }
+
+    /// Checkpoint `index` of a span's layer; `None` if there is no such checkpoint.
+    fn resume(&self, _checkpoint: u32) -> Option<Resume> {
+        None
+    }
 
     /// Whether a unit may be offered to peers as soon as it is verified. Pieces fetched
     /// against a peer's piece table are offered only once the whole blob matched its

@@ -746,6 +746,7 @@ fn piece_unit(table: &PieceTable, index: usize) -> Unit {
         stored_size: len,
         compression: Compression::None,
         size: len,
+        span: None,
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
-use rafs_format::reader::{BlobInfo, BlobSource};
+use rafs_format::reader::{BlobInfo, BlobSource, Bootstrap};
 
 use super::client::{Manifest, RegistryClient};
 use super::reference::{Platform, Reference};
@@ -234,6 +234,147 @@ pub fn bootstrap_layer(image: &PlatformImage) -> Result<&Descriptor> {
         })
 }
 
+/// The `artifactType` of an index of a plain image (format.md §17), pushed by
+/// `tessera index` as a referrer of the image manifest.
+pub const INDEX_ARTIFACT_TYPE: &str = "application/vnd.tessera.index.v1";
+
+/// Where an image's bootstrap is: a layer of the image itself (a Tessera image), or a
+/// layer of the index pushed beside it (a plain image, format.md §17).
+#[derive(Debug, Clone)]
+pub struct BootstrapLocation {
+    /// The (zstd) bootstrap layer, in the image's repository.
+    pub layer: Descriptor,
+    /// For a plain image: the index's artifact manifest.
+    pub index: Option<IndexArtifact>,
+}
+
+/// The index of a plain image, as its artifact manifest describes it.
+#[derive(Debug, Clone)]
+pub struct IndexArtifact {
+    /// The artifact manifest's digest.
+    pub digest: String,
+    /// The digests of its layers: the bootstrap and the blob of checkpoint windows.
+    pub layers: Vec<String>,
+}
+
+/// Where `image`'s bootstrap is. A plain image's index is the newest referrer of its
+/// manifest of [`INDEX_ARTIFACT_TYPE`], refused unless its manifest names this
+/// manifest as its `subject`; an image with neither is an error saying how to make one.
+pub async fn locate_bootstrap(
+    client: &RegistryClient,
+    image: &PlatformImage,
+) -> Result<BootstrapLocation> {
+    if let Ok(layer) = bootstrap_layer(image) {
+        return Ok(BootstrapLocation {
+            layer: layer.clone(),
+            index: None,
+        });
+    }
+    let subject = &image.raw.digest;
+    let found = super::referrers::list(client, &image.reference, subject, Some(INDEX_ARTIFACT_TYPE))
+        .await?;
+    let Some(newest) = found.last() else {
+        return Err(protocol(
+            &image.reference,
+            &format!("manifest {subject}"),
+            format!(
+                "a plain image with no index: it cannot start lazily until one is made \
+                 (`tessera index {}`, which leaves the image as it is) or it is converted \
+                 (`tessera convert`)",
+                image.reference
+            ),
+        ));
+    };
+    let at = Reference {
+        tag: None,
+        digest: Some(newest.digest.clone()),
+        ..image.reference.clone()
+    };
+    let raw = client.manifest(&at).await?;
+    let what = format!("index {} of manifest {subject}", raw.digest);
+    let artifact = parse_image(&at, &raw)?;
+    let named = artifact.subject().as_ref().map(|d| d.digest().to_string());
+    if named.as_deref() != Some(subject.as_str()) {
+        return Err(protocol(
+            &image.reference,
+            &what,
+            format!(
+                "its subject is {}, not this manifest: refused (make a new index with \
+                 `tessera index {}`)",
+                named.as_deref().unwrap_or("missing"),
+                image.reference
+            ),
+        ));
+    }
+    let layer = artifact
+        .layers()
+        .iter()
+        .find(|l| l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE)
+        .cloned()
+        .ok_or_else(|| protocol(&image.reference, &what, "it has no bootstrap layer".into()))?;
+    Ok(BootstrapLocation {
+        layer,
+        index: Some(IndexArtifact {
+            digest: raw.digest.clone(),
+            layers: artifact.layers().iter().map(|l| l.digest().to_string()).collect(),
+        }),
+    })
+}
+
+impl BootstrapLocation {
+    /// Checks that a bootstrap from here reads the image it was found for: an index's
+    /// blobs must be the image's own layers (same digest and size) and its own window
+    /// blob, every layer among them. A Tessera image's bootstrap is its own.
+    pub fn check(&self, image: &PlatformImage, bootstrap: &Bootstrap) -> Result<()> {
+        let Some(index) = &self.index else {
+            return Ok(());
+        };
+        let refuse = |reason: String| {
+            protocol(
+                &image.reference,
+                &format!("index {} of manifest {}", index.digest, image.raw.digest),
+                format!(
+                    "{reason}: it was made for another image; make a new one with \
+                     `tessera index {}`",
+                    image.reference
+                ),
+            )
+        };
+        let layers: HashMap<String, u64> = image
+            .manifest
+            .layers()
+            .iter()
+            .map(|l| (l.digest().to_string(), l.size()))
+            .collect();
+        let blobs = bootstrap.blobs()?;
+        for blob in &blobs {
+            let digest = blob.oci_digest();
+            match layers.get(&digest) {
+                Some(&size) if size == blob.size => {}
+                Some(&size) => {
+                    return Err(refuse(format!(
+                        "its blob {digest} has {} bytes, the image's layer {size}",
+                        blob.size
+                    )))
+                }
+                None if index.layers.contains(&digest) => {}
+                None => {
+                    return Err(refuse(format!(
+                        "its blob {digest} is not a layer of this image"
+                    )))
+                }
+            }
+        }
+        if let Some(missing) = layers
+            .keys()
+            .find(|l| !blobs.iter().any(|b| &b.oci_digest() == *l))
+        {
+            return Err(refuse(format!("it does not cover the image's layer {missing}")));
+        }
+        Ok(())
+    }
+}
+
 /// Downloads, verifies and decompresses the image's bootstrap into `dir/bootstrap`;
 /// returns that path. The caller opens it with its checksum checked.
 pub async fn fetch_bootstrap(
@@ -249,10 +390,36 @@ pub async fn fetch_bootstrap(
     Ok(path)
 }
 
+/// [`fetch_bootstrap`] of a Tessera image, or of a plain image's index
+/// ([`locate_bootstrap`]; checked against the image).
+pub async fn fetch_bootstrap_or_index(
+    client: &RegistryClient,
+    image: &PlatformImage,
+    dir: &Path,
+) -> Result<PathBuf> {
+    let location = locate_bootstrap(client, image).await?;
+    let bytes = bootstrap_bytes_at(client, image, &location.layer).await?;
+    let bootstrap = Bootstrap::from_bytes(bytes, rafs_format::reader::Verify::Checksum)?;
+    location.check(image, &bootstrap)?;
+    let path = dir.join("bootstrap");
+    tokio::fs::write(&path, bootstrap.as_bytes())
+        .await
+        .map_err(|e| Error::io("write", &path, e))?;
+    Ok(path)
+}
+
 /// Downloads, verifies and decompresses the image's bootstrap in memory (it is small,
 /// and a mount must not need disk space for it); the caller checks its checksum.
 pub async fn bootstrap_bytes(client: &RegistryClient, image: &PlatformImage) -> Result<Vec<u8>> {
-    let layer = bootstrap_layer(image)?;
+    bootstrap_bytes_at(client, image, bootstrap_layer(image)?).await
+}
+
+/// [`bootstrap_bytes`] of the bootstrap `layer` (the image's own, or its index's).
+pub async fn bootstrap_bytes_at(
+    client: &RegistryClient,
+    image: &PlatformImage,
+    layer: &Descriptor,
+) -> Result<Vec<u8>> {
     let digest = layer.digest().to_string();
     let mut compressed = Vec::new();
     client

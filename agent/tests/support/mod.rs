@@ -65,6 +65,24 @@ pub fn convert(home: &Path, src: &str, dst: &str, args: &[&str]) -> serde_json::
     serde_json::from_slice(&out.stdout).expect("convert --json prints JSON")
 }
 
+/// `tessera index --json SRC ARGS` isolated like [`convert`]; returns its summary,
+/// panicking if it fails.
+pub fn index(home: &Path, src: &str, args: &[&str]) -> serde_json::Value {
+    let out = tessera()
+        .args(["index", "--json", src])
+        .args(args)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .expect("run tessera index");
+    assert!(
+        out.status.success(),
+        "index failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("index --json prints JSON")
+}
+
 /// Runs `tessera build --json --out OUT ARGS` and returns the parsed summary.
 pub fn build(out: &Path, args: &[&str]) -> serde_json::Value {
     let out_s = out.to_str().expect("utf-8 path");

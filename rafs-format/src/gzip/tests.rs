@@ -310,6 +310,44 @@ fn a_span_inflates_to_its_range_from_a_fraction_of_the_stream() {
     assert!(inflate_span(cut, cp, s.skip, 4096).is_err());
 }
 
+#[test]
+fn ranges_of_one_checkpoint_inflate_in_one_pass_and_fail_from_the_damage_on() {
+    let data = mixed(2 << 20, 31);
+    let gz = gzip(&data, 6);
+    let mut reader = GzipReader::indexing(&gz[..], 512 * 1024);
+    io::copy(&mut reader, &mut io::sink()).unwrap();
+    let (checkpoints, marks) = (reader.take_checkpoints(), reader.take_marks());
+    let cp = &checkpoints[0];
+    let start = cp.out as usize;
+    let ranges = [(0u64, 10usize), (10, 4096), (50_000, 1), (100_000, 65_536)];
+    let s = span(
+        &checkpoints,
+        &marks,
+        cp.out..cp.out + 165_536,
+        gz.len() as u64,
+    );
+    assert_eq!(s.checkpoint, Some(0));
+    let bytes = &gz[s.compressed.start as usize..s.compressed.end as usize];
+    let mut got = Vec::new();
+    inflate_ranges(bytes, Some(cp), &ranges, |i, b| got.push((i, b))).unwrap();
+    assert_eq!(got.len(), ranges.len());
+    for ((i, b), (skip, len)) in got.iter().zip(ranges) {
+        let from = start + skip as usize;
+        assert!(b[..] == data[from..from + len], "range {i}");
+    }
+
+    // Ranges out of order are refused, naming the first one that is.
+    let err = inflate_ranges(bytes, Some(cp), &[(100, 10), (50, 10)], |_, _| {}).unwrap_err();
+    assert_eq!(err.0, 1, "{err:?}");
+
+    // A span cut short delivers what it holds and names the first range it cannot.
+    let cut = &bytes[..bytes.len() / 3];
+    let mut delivered = Vec::new();
+    let err = inflate_ranges(cut, Some(cp), &ranges, |i, _| delivered.push(i)).unwrap_err();
+    assert_eq!(delivered, (0..err.0).collect::<Vec<_>>());
+    assert!(err.0 >= 1 && err.0 < ranges.len(), "{err:?}");
+}
+
 /// The whole mechanism of a lazy read of an unconverted layer: one indexing pass
 /// through the tar reader notes where each file's data starts in the tar stream; each
 /// file is then read back from its span alone.

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 
 use super::{BlobInfo, Bootstrap, ChunkInfo, SpanStart};
-use crate::chunk::decode_and_verify;
+use crate::chunk::{decode_and_verify, verify_digest};
 use crate::gzip;
 use crate::{Error, Result};
 
@@ -90,13 +90,7 @@ fn inflate_span_chunk(
         chunk.uncompressed_size as usize,
     )
     .map_err(|e| e.to_string())?;
-    let actual = bootstrap.digest_algo().digest(&data);
-    if actual != chunk.digest {
-        return Err(format!(
-            "digest mismatch: data hashes to {}",
-            bootstrap.digest_algo().format(&actual)
-        ));
-    }
+    verify_digest(&data, bootstrap.digest_algo(), &chunk.digest)?;
     Ok(data)
 }
 
