@@ -79,7 +79,10 @@ fn push_files_image(
 ) -> Vec<(String, Vec<u8>)> {
     let files = vec![
         ("big/a".to_string(), text(12 << 20, seed)),
-        ("small.txt".to_string(), b"the one file this test reads\n".to_vec()),
+        (
+            "small.txt".to_string(),
+            b"the one file this test reads\n".to_vec(),
+        ),
         ("big/b".to_string(), text(12 << 20, seed + 1)),
     ];
     let layout = t.join(format!("layout-{seed}"));
@@ -213,7 +216,11 @@ fn an_indexed_mount_reads_a_small_file_from_a_small_part_of_the_layer() {
     let status = agent.status();
     let pull = &status["mounts"][0]["pull"];
     assert_eq!(pull["origin_bytes"], 0, "{status}");
-    assert_eq!(proxy.blob_bytes(), before, "the converted image's reads went out");
+    assert_eq!(
+        proxy.blob_bytes(),
+        before,
+        "the converted image's reads went out"
+    );
     agent.ok(&["umount", s(&mnt)]);
 }
 
@@ -359,8 +366,7 @@ fn an_index_for_another_image_or_a_damaged_one_is_refused() {
         ..repo.clone()
     };
     let artifact: serde_json::Value =
-        serde_json::from_slice(&block_on(client().manifest(&artifact_ref)).unwrap().bytes)
-            .unwrap();
+        serde_json::from_slice(&block_on(client().manifest(&artifact_ref)).unwrap().bytes).unwrap();
     let layers: Vec<Descriptor> = artifact["layers"]
         .as_array()
         .unwrap()
@@ -375,16 +381,18 @@ fn an_index_for_another_image_or_a_damaged_one_is_refused() {
         .collect();
     let push_for_a = |layers: &[Descriptor]| {
         // A fresh referrers tag: only this artifact.
-        block_on(client().push_manifest(
-            &tagged,
-            referrers::INDEX_TYPE,
-            serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2,
-                "mediaType": referrers::INDEX_TYPE,
-                "manifests": [],
-            }))
-            .unwrap(),
-        ))
+        block_on(
+            client().push_manifest(
+                &tagged,
+                referrers::INDEX_TYPE,
+                serde_json::to_vec(&serde_json::json!({
+                    "schemaVersion": 2,
+                    "mediaType": referrers::INDEX_TYPE,
+                    "manifests": [],
+                }))
+                .unwrap(),
+            ),
+        )
         .unwrap();
         let manifest_a = block_on(client().manifest(&Reference::parse(&a).unwrap())).unwrap();
         let subject = Descriptor {

@@ -39,6 +39,8 @@ mod readahead;
 mod run;
 pub mod seams;
 mod span;
+#[cfg(test)]
+mod span_tests;
 mod unit;
 
 #[cfg(test)]

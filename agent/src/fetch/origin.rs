@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use rafs_format::gzip;
 use tokio::task::JoinHandle;
 
-use super::run::Planned;
+use super::run::{Checks, Planned};
 use super::span::pieces;
-use super::unit::{Event, Fetched, Wanted};
+use super::unit::{Event, Wanted};
 use super::{Fetcher, Outcome, Source};
 use crate::ChunkFailure;
 
@@ -64,7 +64,7 @@ impl Fetcher {
                 .collect();
             let mut looked_at = 0;
             // Each piece's check, with the result of each of its members.
-            let mut checks: Vec<JoinHandle<Vec<(usize, Result<Fetched, String>)>>> = Vec::new();
+            let mut checks: Vec<Checks> = Vec::new();
             // Bytes that came over the network, whole or not (`arrived` starts again
             // from the range's start when the origin asks anew after a cut).
             let (mut received, mut shown) = (0, 0);

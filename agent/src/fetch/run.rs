@@ -17,6 +17,10 @@ use crate::ChunkFailure;
 /// joined by the peer and origin steps once their stream has moved on.
 pub(super) type Check = tokio::task::JoinHandle<Result<Fetched, String>>;
 
+/// The check of several units at once (the origin step's pieces), with the result of
+/// each by its index in the run.
+pub(super) type Checks = tokio::task::JoinHandle<Vec<(usize, Result<Fetched, String>)>>;
+
 /// A unit a leader fetches, and where its waiters listen.
 pub(super) struct Planned {
     pub unit: Unit,

@@ -271,8 +271,9 @@ pub async fn locate_bootstrap(
         });
     }
     let subject = &image.raw.digest;
-    let found = super::referrers::list(client, &image.reference, subject, Some(INDEX_ARTIFACT_TYPE))
-        .await?;
+    let found =
+        super::referrers::list(client, &image.reference, subject, Some(INDEX_ARTIFACT_TYPE))
+            .await?;
     let Some(newest) = found.last() else {
         return Err(protocol(
             &image.reference,
@@ -316,7 +317,11 @@ pub async fn locate_bootstrap(
         layer,
         index: Some(IndexArtifact {
             digest: raw.digest.clone(),
-            layers: artifact.layers().iter().map(|l| l.digest().to_string()).collect(),
+            layers: artifact
+                .layers()
+                .iter()
+                .map(|l| l.digest().to_string())
+                .collect(),
         }),
     })
 }
@@ -369,7 +374,9 @@ impl BootstrapLocation {
             .keys()
             .find(|l| !blobs.iter().any(|b| &b.oci_digest() == *l))
         {
-            return Err(refuse(format!("it does not cover the image's layer {missing}")));
+            return Err(refuse(format!(
+                "it does not cover the image's layer {missing}"
+            )));
         }
         Ok(())
     }
