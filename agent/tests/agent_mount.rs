@@ -225,12 +225,7 @@ fn corrupt_blobs_give_eio_and_are_never_cached() {
     let digest = summary["images"][0]["build"]["new_blob"]["digest"]
         .as_str()
         .unwrap();
-    let blob = registry
-        .storage_dir()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&digest[7..9])
-        .join(&digest[7..])
-        .join("data");
+    let blob = registry.blob_path(digest);
     let original = std::fs::read(&blob).unwrap();
     let mut bad = original.clone();
     bad[100] ^= 0xff;

@@ -15,10 +15,9 @@ use std::process::Output;
 use support::fault_proxy::{Fault, FaultProxy, Rule};
 use support::fstree::{assert_trees_equal, CompareOptions};
 use support::oci::{self, build_files_image, pseudo_random};
-use support::registry::{Auth, Registry};
+use support::registry::{block_on, client, Auth, Registry};
 use support::token_server::TokenConfig;
 use support::{s, tessera};
-use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::reference::Reference;
 
 /// Runs `tessera ARGS` isolated from this machine's credentials and config files.
@@ -59,18 +58,6 @@ fn home(t: &Path) -> std::path::PathBuf {
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(home.join("agent.toml"), "").unwrap();
     home
-}
-
-fn client() -> RegistryClient {
-    RegistryClient::new(ClientOptions::default()).unwrap()
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 /// A manifest (or index) from the registry, parsed, with its digest.

@@ -18,8 +18,8 @@ use support::fault_proxy::FaultProxy;
 use support::fstree::{assert_trees_equal, CompareOptions};
 use support::oci::{self, build_files_image, pseudo_random};
 use support::registry::Registry;
+use support::registry::{block_on, client};
 use support::s;
-use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::image::{BOOTSTRAP_MEDIA_TYPE, INDEX_ARTIFACT_TYPE};
 use tessera_agent::registry::reference::Reference;
 use tessera_agent::registry::referrers::{self, Artifact, Descriptor};
@@ -34,18 +34,6 @@ fn mountpoint(t: &Path, name: &str) -> PathBuf {
     let p = t.join(name);
     std::fs::create_dir_all(&p).unwrap();
     p
-}
-
-fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
-
-fn client() -> RegistryClient {
-    RegistryClient::new(ClientOptions::default()).unwrap()
 }
 
 /// The digest of `reference`'s manifest.
@@ -243,12 +231,7 @@ fn a_flipped_byte_in_a_layer_gives_eio_for_its_range_only() {
     )
     .unwrap();
     let layer = manifest["layers"][0]["digest"].as_str().unwrap();
-    let stored = registry
-        .storage_dir()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&layer[7..9])
-        .join(&layer[7..])
-        .join("data");
+    let stored = registry.blob_path(layer);
     let original = std::fs::read(&stored).unwrap();
     // Near the end of the layer: inside big/b, which is last in the tar.
     let mut bad = original.clone();
@@ -333,27 +316,28 @@ fn an_index_for_another_image_or_a_damaged_one_is_refused() {
         stderr
     };
 
-    // B's index listed as a referrer of A: its subject is B.
-    let tag_index = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": referrers::INDEX_TYPE,
-        "manifests": [{
-            "mediaType": referrers::MANIFEST_TYPE,
-            "digest": found[0].digest,
-            "size": found[0].size,
-            "artifactType": INDEX_ARTIFACT_TYPE,
-        }],
-    });
+    // A's referrers tag (distribution 2.8 has no referrers API) set to `manifests`.
     let tagged = Reference {
         tag: Some(referrers::fallback_tag(&digest_a)),
         ..repo.clone()
     };
-    block_on(client().push_manifest(
-        &tagged,
-        referrers::INDEX_TYPE,
-        serde_json::to_vec(&tag_index).unwrap(),
-    ))
-    .unwrap();
+    let set_referrers_of_a = |manifests: serde_json::Value| {
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": referrers::INDEX_TYPE,
+            "manifests": manifests,
+        });
+        let bytes = serde_json::to_vec(&index).unwrap();
+        block_on(client().push_manifest(&tagged, referrers::INDEX_TYPE, bytes)).unwrap();
+    };
+
+    // B's index listed as a referrer of A: its subject is B.
+    set_referrers_of_a(serde_json::json!([{
+        "mediaType": referrers::MANIFEST_TYPE,
+        "digest": found[0].digest,
+        "size": found[0].size,
+        "artifactType": INDEX_ARTIFACT_TYPE,
+    }]));
     let stderr = refusal(&a);
     assert!(
         stderr.contains(&format!("its subject is {digest_b}")) && stderr.contains("tessera index"),
@@ -381,19 +365,7 @@ fn an_index_for_another_image_or_a_damaged_one_is_refused() {
         .collect();
     let push_for_a = |layers: &[Descriptor]| {
         // A fresh referrers tag: only this artifact.
-        block_on(
-            client().push_manifest(
-                &tagged,
-                referrers::INDEX_TYPE,
-                serde_json::to_vec(&serde_json::json!({
-                    "schemaVersion": 2,
-                    "mediaType": referrers::INDEX_TYPE,
-                    "manifests": [],
-                }))
-                .unwrap(),
-            ),
-        )
-        .unwrap();
+        set_referrers_of_a(serde_json::json!([]));
         let manifest_a = block_on(client().manifest(&Reference::parse(&a).unwrap())).unwrap();
         let subject = Descriptor {
             media_type: manifest_a.media_type.clone(),

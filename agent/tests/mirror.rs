@@ -178,13 +178,7 @@ fn a_blob_failing_its_digest_is_cut_off_and_nothing_of_it_is_kept() {
     // The registry's copy of the second layer goes bad (it does not check on read).
     let layer = bed.layer_digests()[1].clone();
     let hex = &layer[7..];
-    let stored = bed
-        .registry
-        .storage_dir()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&hex[..2])
-        .join(hex)
-        .join("data");
+    let stored = bed.registry.blob_path(&layer);
     let mut bytes = std::fs::read(&stored).unwrap();
     bytes[(5 << 20) + 7] ^= 0x55;
     std::fs::write(&stored, &bytes).unwrap();

@@ -178,6 +178,16 @@ impl Registry {
         self.dir.path().join("storage")
     }
 
+    /// Where the registry stores blob `digest` (`sha256:…`): tests corrupt it here.
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.storage_dir()
+            .join("docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
     /// The registry's own log so far (it logs to stderr).
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("registry.err")).unwrap_or_default()
@@ -220,4 +230,19 @@ impl Drop for Registry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A registry client with default options (plain HTTP to 127.0.0.1 is allowed).
+pub fn client() -> tessera_agent::registry::client::RegistryClient {
+    tessera_agent::registry::client::RegistryClient::new(Default::default())
+        .expect("a registry client")
+}
+
+/// Runs `f` to completion on a runtime of its own.
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
 }
