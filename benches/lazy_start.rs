@@ -24,7 +24,11 @@
 //! 11. `tar -c` of the image's two largest trees (the Python stack, `/usr/lib`) through
 //!     the native directory, a fresh Tessera mount over a full cache and a fresh nydusd
 //!     over a full blobcache, page cache dropped; then again on the same mount (page
-//!     cache warm).
+//!     cache warm);
+//! 12. (issue 22) `tessera mount` of the plain image itself, never converted, through
+//!     the index `tessera index` pushed beside it, cold; and of a copy indexed with the
+//!     start-up's prefetch list. Before the link is capped, `tessera index` is timed
+//!     against `gzip -dc` of the same layers, and the index's size is noted.
 //!
 //! The start-up is the image's own `/app/start.py` run with `chroot` in an overlay
 //! whose lower layer is what each method produced (a directory, containerd's snapshot,
@@ -73,6 +77,11 @@ use support::{repo_root, s, tessera};
 /// The converted image, and the same converted with the start-up's prefetch list.
 const CONVERTED: &str = "v1-tessera";
 const WITH_LIST: &str = "v1-prefetch";
+/// The plain image (indexed by `tessera index`, issue 22), and a copy of it in a
+/// repository of its own, indexed with the start-up's prefetch list (an image has one
+/// index per repository: the newest referrer of its manifest).
+const PLAIN: &str = "v1";
+const PLAIN_LISTED: &str = "bench/listed:v1";
 
 // Rows that ratios and targets name.
 const BASELINE: &str = "skopeo copy + umoci unpack";
@@ -80,6 +89,8 @@ const TESSERA_COLD: &str = "tessera mount (cold)";
 const TESSERA_LIST: &str = "tessera mount + prefetch list";
 const TESSERA_FULL: &str = "tessera mount, full local cache";
 const TESSERA_PEER: &str = "tessera mount, every chunk on a peer";
+const INDEX_COLD: &str = "tessera mount, plain image + index (cold)";
+const INDEX_LIST: &str = "tessera mount, plain image + index + prefetch list";
 const NYDUS_COLD: &str = "nydusd (cold)";
 const NYDUS_LIST: &str = "nydusd + prefetch list";
 const NYDUS_FULL: &str = "nydusd, full local blobcache";
@@ -264,8 +275,23 @@ impl Bed {
         }
     }
 
+    /// `tag` of `bench/app`, or `repo:tag` when it names a repository.
     fn reference(&self, tag: &str) -> String {
-        format!("{}/bench/app:{tag}", self.registry.addr)
+        match tag.contains('/') {
+            true => format!("{}/{tag}", self.registry.addr),
+            false => format!("{}/bench/app:{tag}", self.registry.addr),
+        }
+    }
+
+    /// `tessera index` of `tag` (see [`Bed::reference`]): its summary and wall time.
+    fn index(&self, tag: &str, extra: &[&str]) -> (Value, f64) {
+        let t = Instant::now();
+        let out = run(tessera()
+            .args(["index", "--json", "--config", s(&self.config)])
+            .args(extra)
+            .arg(self.reference(tag))
+            .env("DOCKER_CONFIG", self.work.path()));
+        (serde_json::from_str(&out).unwrap(), t.elapsed().as_secs_f64())
     }
 
     fn convert(&self, src: &str, dst: &str, extra: &[&str]) {
@@ -423,7 +449,7 @@ fn mount_and_start(bed: &Bed, agent: &AgentProcess, tag: &str, mnt: &Path, work:
 }
 
 fn tessera_mount(bed: &Bed, tag: &str, rep: usize) -> Timing {
-    let name = format!("agent-{tag}-{rep}");
+    let name = format!("agent-{}-{rep}", tag.replace(['/', ':'], "-"));
     let agent = bed.agent(&name);
     let dir = agent.dir.clone();
     let timing = mount_and_start(bed, &agent, tag, &dir.join("mnt"), &dir.join("run"));
@@ -1195,6 +1221,14 @@ impl Target {
         }
     }
 
+    /// A percentage that must not exceed `limit`.
+    fn percent(what: impl Into<String>, measured: f64, limit: f64) -> Self {
+        Target {
+            unit: "%",
+            ..Target::ratio(what, measured, limit)
+        }
+    }
+
     fn met(&self) -> bool {
         self.measured <= self.limit
     }
@@ -1202,15 +1236,27 @@ impl Target {
     fn show(&self, v: f64) -> String {
         match self.unit {
             "x" => format!("{v:.2}x"),
+            "%" => format!("{v:.2}%"),
             _ => format!("{v:.0} {}", self.unit),
         }
     }
 }
 
 /// The targets whose rows ran.
-fn targets(rows: &[Row], cap: &str) -> Vec<Target> {
+fn targets(rows: &[Row], cap: &str, indexing: Option<&Indexing>) -> Vec<Target> {
     let row = |label: &str| rows.iter().find(|r| r.label == label);
     let mut out = Vec::new();
+    if let (Some(index), Some(converted)) = (row(INDEX_COLD), row(TESSERA_COLD)) {
+        let what = format!("{INDEX_COLD}: total ≤ 1.3× {TESSERA_COLD}'s (issue 22)");
+        out.push(Target::ratio(what, index.total / converted.total, 1.3));
+    }
+    if let Some(i) = indexing {
+        let what = "the index: ≤ 3% of the image's compressed layers (issue 22)";
+        let percent = 100.0 * i.index_bytes as f64 / i.layer_bytes as f64;
+        out.push(Target::percent(what, percent, 3.0));
+        let what = "tessera index: ≤ 1.25× the time of gzip -dc of the layers, i.e. ≥ 0.8× its speed (issue 22)";
+        out.push(Target::ratio(what, i.seconds / i.gunzip_seconds, 1.25));
+    }
     if let Some(full) = row(TESSERA_FULL) {
         let what = format!("{TESSERA_FULL}: no blob fetched from the origin");
         out.push(Target::requests(what, full.requests, 0.0));
@@ -1273,6 +1319,60 @@ fn selection() -> Vec<String> {
         .collect()
 }
 
+/// What indexing the plain image took (issue 22's targets): `tessera index` (pull,
+/// build, push; the registry uncapped) against `gzip -dc` of the same layers.
+struct Indexing {
+    seconds: f64,
+    gunzip_seconds: f64,
+    index_bytes: u64,
+    layer_bytes: u64,
+}
+
+/// Indexes the plain image, and its copy with the start-up's prefetch list; times
+/// `gzip -dc` of its layers beside it.
+fn index_plain(bed: &Bed, layout: &Path, record: &Path) -> Indexing {
+    let (summary, seconds) = bed.index(PLAIN, &[]);
+    let (repo, tag) = PLAIN_LISTED.split_once(':').unwrap();
+    bed.registry.push_layout(layout, tag, repo);
+    bed.index(PLAIN_LISTED, &["--prefetch-list", s(record)]);
+    let image = &summary["images"][0];
+    Indexing {
+        seconds,
+        gunzip_seconds: gunzip_seconds(layout),
+        index_bytes: image["index_bytes"].as_u64().unwrap(),
+        layer_bytes: image["layer_bytes"].as_u64().unwrap(),
+    }
+}
+
+/// Seconds `gzip -dc` takes over the layers of the layout's image tagged `v1` (the
+/// one pushed).
+fn gunzip_seconds(layout: &Path) -> f64 {
+    let blob = |digest: &str| layout.join("blobs/sha256").join(&digest["sha256:".len()..]);
+    let json = |path: PathBuf| -> Value {
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    let index = json(layout.join("index.json"));
+    let tagged = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == PLAIN)
+        .expect("the layout has an image tagged v1");
+    let manifest = json(blob(tagged["digest"].as_str().unwrap()));
+    let t = Instant::now();
+    for layer in manifest["layers"].as_array().unwrap() {
+        let file = std::fs::File::open(blob(layer["digest"].as_str().unwrap())).unwrap();
+        let ok = Command::new("gzip")
+            .arg("-dc")
+            .stdin(file)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "gzip -dc of a layer failed");
+    }
+    t.elapsed().as_secs_f64()
+}
+
 /// The start-up's files, in first-read order, recorded through a lazy mount of the
 /// converted image: the file and how many it names.
 fn record_start_up(bed: &Bed) -> (PathBuf, usize) {
@@ -1317,6 +1417,8 @@ fn main() {
     bed.convert("v1", CONVERTED, &[]);
     let (record, recorded) = record_start_up(&bed);
     bed.convert("v1", WITH_LIST, &["--prefetch-list", s(&record)]);
+    let indexing =
+        (wanted(INDEX_COLD) || wanted(INDEX_LIST)).then(|| index_plain(&bed, &layout, &record));
     // Set up uncapped, before anything is measured.
     let native = (wanted(TAR_NATIVE) || nydus_on)
         .then(|| unpack_native(&layout, &bed.work.path().join("native")));
@@ -1335,6 +1437,8 @@ fn main() {
         method(TESSERA_FULL, up, |rep| {
             tessera_full_cache(bed, full.unwrap(), rep)
         }),
+        method(INDEX_COLD, up, |rep| tessera_mount(bed, PLAIN, rep)),
+        method(INDEX_LIST, up, |rep| tessera_mount(bed, PLAIN_LISTED, rep)),
         method(TESSERA_PEER, up, |rep| {
             tessera_from_peer(bed, peers.as_ref().unwrap(), rep)
         }),
@@ -1388,7 +1492,7 @@ fn main() {
         .map(|(m, r)| Row::new(m, r))
         .collect();
     let baseline = rows.iter().find(|r| r.label == BASELINE).map(|r| r.total);
-    let targets = targets(&rows, &cap);
+    let targets = targets(&rows, &cap, indexing.as_ref());
     let context = Context {
         cap: &cap,
         reps,
@@ -1398,6 +1502,7 @@ fn main() {
         baseline,
         nydus,
         nydus_off,
+        indexing: indexing.as_ref(),
     };
     print_tables(&context, &rows, &targets);
     if let (Ok(path), Some(_)) = (std::env::var("TESSERA_BENCH_JSON"), baseline) {
@@ -1417,6 +1522,7 @@ struct Context<'a> {
     baseline: Option<f64>,
     nydus: Option<&'a Nydus>,
     nydus_off: bool,
+    indexing: Option<&'a Indexing>,
 }
 
 fn print_tables(c: &Context, rows: &[Row], targets: &[Target]) {
@@ -1449,6 +1555,16 @@ fn print_start_up(c: &Context, rows: &[Row]) {
         ),
         (None, true) => println!("nydusd: not run (TESSERA_BENCH_NYDUS=off)"),
         (None, false) => println!("nydusd: not run (no nydusd row selected)"),
+    }
+    if let Some(i) = c.indexing {
+        println!(
+            "tessera index: {:.2} s (gzip -dc of the layers: {:.2} s); index {:.2} MiB for {:.1} MiB of layers ({:.2}%)",
+            i.seconds,
+            i.gunzip_seconds,
+            mib(i.index_bytes as f64),
+            mib(i.layer_bytes as f64),
+            100.0 * i.index_bytes as f64 / i.layer_bytes as f64
+        );
     }
     println!();
     println!("| method | fetch / mount s | start-up s | total s | vs skopeo+umoci | registry sent | origin requests | from peers | vs nydusd |");
@@ -1532,7 +1648,7 @@ fn print_tar(rows: &[Row]) {
 fn print_targets(targets: &[Target]) {
     if !targets.is_empty() {
         println!();
-        println!("| issue 21 target | measured | limit | verdict |");
+        println!("| target | measured | limit | verdict |");
         println!("|---|---:|---:|---|");
         for t in targets {
             println!(
@@ -1621,6 +1737,12 @@ fn results_json(c: &Context, rows: &[Row], targets: &[Target]) -> Value {
         "tar_trees": TAR_TREES.map(|t| format!("/{t}")),
         "tar_rows": tar_rows,
         "nydusd": nydusd,
+        "index": c.indexing.map(|i| json!({
+            "seconds": i.seconds,
+            "gunzip_seconds": i.gunzip_seconds,
+            "index_bytes": i.index_bytes,
+            "layer_bytes": i.layer_bytes,
+        })),
         "targets": targets.iter().map(|t| json!({
             "target": t.what,
             "measured": t.measured,
