@@ -291,7 +291,10 @@ impl Bed {
             .args(extra)
             .arg(self.reference(tag))
             .env("DOCKER_CONFIG", self.work.path()));
-        (serde_json::from_str(&out).unwrap(), t.elapsed().as_secs_f64())
+        (
+            serde_json::from_str(&out).unwrap(),
+            t.elapsed().as_secs_f64(),
+        )
     }
 
     fn convert(&self, src: &str, dst: &str, extra: &[&str]) {
@@ -1348,9 +1351,8 @@ fn index_plain(bed: &Bed, layout: &Path, record: &Path) -> Indexing {
 /// one pushed).
 fn gunzip_seconds(layout: &Path) -> f64 {
     let blob = |digest: &str| layout.join("blobs/sha256").join(&digest["sha256:".len()..]);
-    let json = |path: PathBuf| -> Value {
-        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-    };
+    let json =
+        |path: PathBuf| -> Value { serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap() };
     let index = json(layout.join("index.json"));
     let tagged = index["manifests"]
         .as_array()

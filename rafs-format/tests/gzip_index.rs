@@ -173,6 +173,45 @@ fn an_index_reads_the_same_tree_as_the_converted_image() {
     );
 }
 
+/// Beside the bootstrap, an index of several layers holds the tree of each prefix of
+/// them (format.md §17.5): the first layer's own tree, with the files the upper layer
+/// deletes or replaces as the lower layer has them.
+#[test]
+fn an_index_holds_the_tree_of_each_prefix_of_its_layers() {
+    let layers = layers();
+    let t = tempfile::tempdir().unwrap();
+    let (lower, index) = (t.path().join("lower"), t.path().join("index"));
+    let mut builder = Builder::new(&lower, BuildOptions::default()).unwrap();
+    builder.add_layer(&layers[0][..]).unwrap();
+    builder.finish().unwrap();
+    build_index(&layers, &index);
+    let full = Bootstrap::open(&index.join("bootstrap")).unwrap();
+
+    let prefix = t.path().join("prefix");
+    std::fs::create_dir(&prefix).unwrap();
+    std::fs::copy(index.join("bootstrap.layers-1"), prefix.join("bootstrap")).unwrap();
+    std::os::unix::fs::symlink(index.join("blobs"), prefix.join("blobs")).unwrap();
+    let b = Bootstrap::open(&prefix.join("bootstrap")).unwrap();
+    b.validate_all().unwrap();
+    // The same chunk, blob and checkpoint tables as the whole index.
+    assert_eq!(b.chunk_count(), full.chunk_count());
+    assert_eq!(b.blobs().unwrap(), full.blobs().unwrap());
+    assert_eq!(b.checkpoint_count(), full.checkpoint_count());
+    assert!(
+        b.resolve(b"gone").unwrap().is_some(),
+        "the lower layer's directory"
+    );
+    check(&prefix).unwrap();
+    let (mut a, mut p) = (Vec::new(), Vec::new());
+    unpack_to_tar(&lower, &mut a).unwrap();
+    unpack_to_tar(&prefix, &mut p).unwrap();
+    assert!(a == p, "the first layer's prefix is not its own tree");
+    // The whole index's tree is the bootstrap itself: no prefix file of all layers.
+    assert!(!index
+        .join(format!("bootstrap.layers-{}", layers.len()))
+        .exists());
+}
+
 #[test]
 fn a_damaged_layer_gives_bad_chunks_not_other_bytes() {
     let layers = layers();

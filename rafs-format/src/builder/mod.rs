@@ -71,6 +71,19 @@ pub struct BuildSummary {
     pub mb_per_s: f64,
     /// Prefetch paths that are not in the image (skipped).
     pub prefetch_missing: Vec<String>,
+    /// For an index of several layers: the bootstraps of its layer prefixes (the tree
+    /// of the first `layers` layers; format.md §17.5), each beside the bootstrap.
+    pub layer_bootstraps: Vec<LayerBootstrap>,
+}
+
+/// The bootstrap of an index's first `layers` layers.
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerBootstrap {
+    pub layers: u32,
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// `sha256:<hex>` of the bootstrap.
+    pub digest: String,
 }
 
 /// A blob's digest and size.
@@ -141,6 +154,9 @@ pub struct Builder {
     layers: u32,
     /// Layers added by [`Builder::index_gzip_layer`], in order.
     indexed: Vec<gzip_index::IndexedLayer>,
+    /// The tree as it stood after each indexed layer but the last, with the number of
+    /// layers applied: an index's layer prefixes (format.md §17.5).
+    prefixes: Vec<(u32, Tree)>,
     started: Instant,
 }
 
@@ -175,6 +191,7 @@ impl Builder {
             store,
             layers: 0,
             indexed: Vec::new(),
+            prefixes: Vec::new(),
             started,
         })
     }
@@ -210,6 +227,10 @@ impl Builder {
         let index = self.layers;
         self.layers += 1;
         let span_layer = self.indexed.len() as u32;
+        if !self.indexed.is_empty() {
+            // The tree of the layers before this one (the last tree is the bootstrap's).
+            self.prefixes.push((self.layers - 1, self.tree.clone()));
+        }
         let indexed =
             gzip_index::index_layer(&mut self.tree, &mut self.store, layer, index, span_layer)?;
         let id = (indexed.digest, indexed.size);
@@ -252,6 +273,7 @@ impl Builder {
             chunking: self.opts.chunking,
             prefetch: &self.opts.prefetch,
             indexed: &self.indexed,
+            prefixes: &self.prefixes,
         };
         let w = writer::write(&self.tree, &mut self.store, &params)?;
         let seconds = self.started.elapsed().as_secs_f64();
@@ -286,6 +308,16 @@ impl Builder {
             seconds,
             mb_per_s: bytes_in as f64 / 1e6 / seconds.max(1e-9),
             prefetch_missing: w.prefetch_missing,
+            layer_bootstraps: w
+                .prefixes
+                .iter()
+                .map(|&(layers, bytes, sha256)| LayerBootstrap {
+                    layers,
+                    path: self.out_dir.join(format!("bootstrap.layers-{layers}")),
+                    bytes,
+                    digest: format!("sha256:{}", hex::encode(sha256)),
+                })
+                .collect(),
         })
     }
 }

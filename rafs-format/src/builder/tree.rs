@@ -101,7 +101,7 @@ impl Node {
 }
 
 /// The merged file tree.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Tree {
     pub nodes: Vec<Node>,
 }

@@ -68,6 +68,31 @@ pub(crate) struct Written {
     pub unique_bytes: u64,
     pub stored_bytes: u64,
     pub prefetch_missing: Vec<String>,
+    /// The bootstraps of the layer prefixes ([`WriteParams::prefixes`]): how many
+    /// layers each covers, its size and sha256.
+    pub prefixes: Vec<(u32, u64, [u8; 32])>,
+}
+
+/// What every bootstrap of one build shares: the chunks' final numbers and the chunk,
+/// blob and checkpoint tables.
+struct Tables {
+    final_index: HashMap<u32, u32>,
+    chunks: Vec<ChunkV1>,
+    blobs: Vec<BlobV1>,
+    checkpoints: Vec<CheckpointV1>,
+}
+
+/// What one tree's records hold, for the build's summary.
+#[derive(Default)]
+struct TreeCounts {
+    regular_files: u64,
+    directories: u64,
+    symlinks: u64,
+    others: u64,
+    file_bytes: u64,
+    chunk_refs: u64,
+    holes: u64,
+    holes_bytes: u64,
 }
 
 /// Inode numbers: nodes in depth-first order, each numbered on its first visit.
@@ -124,6 +149,10 @@ pub(crate) struct WriteParams<'a> {
     pub chunking: Chunking,
     pub prefetch: &'a [String],
     pub indexed: &'a [IndexedLayer],
+    /// Trees of the first layers only (an index's layer prefixes, format.md §17.5),
+    /// each `(layers, tree)`, written as `bootstrap.layers-<layers>` beside the
+    /// bootstrap with the same chunk, blob and checkpoint tables.
+    pub prefixes: &'a [(u32, Tree)],
 }
 
 pub(crate) fn write(
@@ -169,8 +198,9 @@ pub(crate) fn write(
     let mut final_index: HashMap<u32, u32> = HashMap::new();
     let mut placed: Vec<(u32, BlobKey, u64)> = Vec::new(); // (unique id, blob, offset)
     let mut new_blob_len = 0u64;
-    // Files' chunks in reading order, then the checkpoint windows: ordinary chunks no
-    // file names (`true`: a window, which may not be a span).
+    // Files' chunks in reading order, then those only layer prefixes name, then the
+    // checkpoint windows: ordinary chunks no file names (`true`: a window, which may
+    // not be a span).
     let files = prefetch_nodes.iter().chain(order.iter());
     let file_chunks = files.flat_map(|&node| match &tree.node(node).data {
         NodeData::File { pieces, .. } => {
@@ -178,8 +208,20 @@ pub(crate) fn write(
         }
         _ => &[][..],
     });
+    // Files of the layer prefixes that later layers deleted or replaced.
+    let prefix_chunks = params
+        .prefixes
+        .iter()
+        .flat_map(|(_, prefix)| &prefix.nodes)
+        .flat_map(|node| match &node.data {
+            NodeData::File { pieces, .. } => {
+                &store.occurrences[pieces.start as usize..pieces.end as usize]
+            }
+            _ => &[][..],
+        });
     let windows = params.indexed.iter().flat_map(|l| &l.windows);
     let wanted = file_chunks
+        .chain(prefix_chunks)
         .map(|occ| (occ.chunk, false))
         .chain(windows.map(|&occ| (store.occurrences[occ as usize].chunk, true)));
     for (id, window) in wanted {
@@ -305,6 +347,105 @@ pub(crate) fn write(
         })
         .collect();
 
+    let mut checkpoints: Vec<CheckpointV1> = Vec::with_capacity(checkpoint_count as usize);
+    for (l, layer) in params.indexed.iter().enumerate() {
+        for (cp, &occ) in layer.checkpoints.iter().zip(&layer.windows) {
+            let id = store.occurrences[occ as usize].chunk;
+            checkpoints.push(CheckpointV1 {
+                in_bits: cp.in_bits.into(),
+                out: cp.out.into(),
+                blob_index: blob_index[&BlobKey::Layer(l as u32)].into(),
+                window_chunk: if id == HOLE { HOLE } else { final_index[&id] }.into(),
+                ..Default::default()
+            });
+        }
+    }
+    let tables = Tables {
+        final_index,
+        chunks,
+        blobs: blob_table,
+        checkpoints,
+    };
+    let tree_order = TreeOrder {
+        order: &order,
+        ino_of: &ino_of,
+        parent_of: &parent_of,
+    };
+    let (bytes, counts) =
+        tree_bootstrap(tree, &tree_order, store, &tables, params, &prefetch_entries)?;
+    let mut w = Written {
+        bootstrap_bytes: bytes.len() as u64,
+        bootstrap_sha256: Sha256::digest(&bytes).into(),
+        new_blob,
+        blobs,
+        inodes: order.len() as u32,
+        regular_files: counts.regular_files,
+        directories: counts.directories,
+        symlinks: counts.symlinks,
+        others: counts.others,
+        file_bytes: counts.file_bytes,
+        chunk_refs: counts.chunk_refs,
+        holes: counts.holes,
+        holes_bytes: counts.holes_bytes,
+        dict_chunks: placed.iter().filter(|p| p.1 != BlobKey::New).count() as u64,
+        unique_chunks: placed.len() as u64,
+        unique_bytes,
+        stored_bytes,
+        prefetch_missing,
+        prefixes: Vec::new(),
+    };
+    write_file(params.out_dir, "bootstrap", &bytes)?;
+    for (layers, prefix) in params.prefixes {
+        let (order, ino_of, parent_of) = number_inodes(prefix);
+        let prefix_order = TreeOrder {
+            order: &order,
+            ino_of: &ino_of,
+            parent_of: &parent_of,
+        };
+        let (bytes, _) = tree_bootstrap(prefix, &prefix_order, store, &tables, params, &[])?;
+        write_file(
+            params.out_dir,
+            &format!("bootstrap.layers-{layers}"),
+            &bytes,
+        )?;
+        w.prefixes
+            .push((*layers, bytes.len() as u64, Sha256::digest(&bytes).into()));
+    }
+    Ok(w)
+}
+
+/// Writes `name` in `dir` whole (a temp file renamed into place).
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let final_path = dir.join(name);
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io("write bootstrap", &tmp, e))?;
+    std::fs::rename(&tmp, &final_path)
+        .map_err(|e| Error::io("rename bootstrap into", &final_path, e))
+}
+
+/// A tree's inodes in number order, each node's number and each node's parent.
+struct TreeOrder<'a> {
+    order: &'a [NodeId],
+    ino_of: &'a HashMap<NodeId, u32>,
+    parent_of: &'a HashMap<NodeId, NodeId>,
+}
+
+/// One tree's bootstrap over the build's shared `tables`: its inodes, dirents, file
+/// chunks, xattrs, prefetch entries (`(ino, path)`) and strings.
+fn tree_bootstrap(
+    tree: &Tree,
+    numbered: &TreeOrder<'_>,
+    store: &ChunkStore,
+    tables: &Tables,
+    params: &WriteParams<'_>,
+    prefetch_entries: &[(u32, String)],
+) -> Result<(Vec<u8>, TreeCounts)> {
+    let TreeOrder {
+        order,
+        ino_of,
+        parent_of,
+    } = *numbered;
+    let final_index = &tables.final_index;
     // Inodes, dirents, file chunks, xattrs, strings.
     let mut strings = Vec::new();
     let mut inodes = Vec::with_capacity(order.len());
@@ -312,34 +453,15 @@ pub(crate) fn write(
     let mut file_chunks = Vec::new();
     let mut xattrs = Vec::new();
     let mut links: HashMap<NodeId, u32> = HashMap::new();
-    for &node in &order {
+    for &node in order {
         if let Some(children) = tree.children(node) {
             for c in children.values() {
                 *links.entry(c.node).or_default() += 1;
             }
         }
     }
-    let mut w = Written {
-        bootstrap_bytes: 0,
-        bootstrap_sha256: [0; 32],
-        new_blob,
-        blobs,
-        inodes: order.len() as u32,
-        regular_files: 0,
-        directories: 0,
-        symlinks: 0,
-        others: 0,
-        file_bytes: 0,
-        chunk_refs: 0,
-        holes: 0,
-        holes_bytes: 0,
-        dict_chunks: placed.iter().filter(|p| p.1 != BlobKey::New).count() as u64,
-        unique_chunks: placed.len() as u64,
-        unique_bytes,
-        stored_bytes,
-        prefetch_missing,
-    };
-    for &node in &order {
+    let mut w = TreeCounts::default();
+    for &node in order {
         let n = tree.node(node);
         let xattr_start = xattrs.len() as u32;
         for (name, value) in &n.meta.xattrs {
@@ -426,7 +548,7 @@ pub(crate) fn write(
         });
     }
     let mut prefetch = Vec::new();
-    for (ino, path) in &prefetch_entries {
+    for (ino, path) in prefetch_entries {
         prefetch.push(PrefetchV1 {
             ino: (*ino).into(),
             path_offset: push_string(&mut strings, path.as_bytes())?.into(),
@@ -435,39 +557,19 @@ pub(crate) fn write(
         });
     }
 
-    let mut checkpoints: Vec<CheckpointV1> = Vec::with_capacity(checkpoint_count as usize);
-    for (l, layer) in params.indexed.iter().enumerate() {
-        for (cp, &occ) in layer.checkpoints.iter().zip(&layer.windows) {
-            let id = store.occurrences[occ as usize].chunk;
-            checkpoints.push(CheckpointV1 {
-                in_bits: cp.in_bits.into(),
-                out: cp.out.into(),
-                blob_index: blob_index[&BlobKey::Layer(l as u32)].into(),
-                window_chunk: if id == HOLE { HOLE } else { final_index[&id] }.into(),
-                ..Default::default()
-            });
-        }
-    }
     let bytes = serialize(
         params,
         &inodes,
         &dirents,
         &file_chunks,
-        &chunks,
-        &blob_table,
+        &tables.chunks,
+        &tables.blobs,
         &xattrs,
         &prefetch,
         &strings,
-        &checkpoints,
+        &tables.checkpoints,
     );
-    w.bootstrap_bytes = bytes.len() as u64;
-    w.bootstrap_sha256 = Sha256::digest(&bytes).into();
-    let tmp = params.out_dir.join(".bootstrap.tmp");
-    let final_path = params.out_dir.join("bootstrap");
-    std::fs::write(&tmp, &bytes).map_err(|e| Error::io("write bootstrap", &tmp, e))?;
-    std::fs::rename(&tmp, &final_path)
-        .map_err(|e| Error::io("rename bootstrap into", &final_path, e))?;
-    Ok(w)
+    Ok((bytes, w))
 }
 
 fn comps_join(p: &str) -> String {
