@@ -19,7 +19,7 @@ use crate::convert::{compress_file, pull_layers, sha256_file, ConvertProgress};
 use crate::registry::client::RegistryClient;
 use crate::registry::image::{
     self, PlatformImage, BLOB_MEDIA_TYPE, BOOTSTRAP_DIGEST_ANNOTATION, BOOTSTRAP_MEDIA_TYPE,
-    SOURCE_DIGEST_ANNOTATION,
+    INDEX_LAYERS_ANNOTATION, SOURCE_DIGEST_ANNOTATION,
 };
 use crate::registry::reference::{Platform, Reference};
 use crate::registry::referrers::{self, Artifact, Descriptor};
@@ -58,7 +58,8 @@ pub struct IndexedImage {
     pub index_digest: String,
     /// Compressed bytes of the image's layers.
     pub layer_bytes: u64,
-    /// Bytes of the index in the registry: the bootstrap (zstd) and the window blob.
+    /// Bytes of the index in the registry: the bootstraps (zstd; the whole tree's and
+    /// its layer prefixes') and the window blob.
     pub index_bytes: u64,
     pub build: BuildSummary,
 }
@@ -246,6 +247,33 @@ async fn index_one(
         )]
         .into(),
     });
+    // The trees of the first layers (format.md §17.5), for the snapshotter.
+    for prefix in &build.layer_bootstraps {
+        let zst = work.join(format!("bootstrap.layers-{}.zst", prefix.layers));
+        compress_file(&prefix.path, &zst)?;
+        let (digest, size) = sha256_file(&zst)?;
+        progress.push_total.fetch_add(size, Ordering::Relaxed);
+        client
+            .push_blob(&repo, &digest, size, &zst, None, &on_progress)
+            .await?;
+        pushed_layers.push(Descriptor {
+            media_type: BOOTSTRAP_MEDIA_TYPE.into(),
+            digest,
+            size,
+            artifact_type: None,
+            annotations: [
+                (
+                    BOOTSTRAP_DIGEST_ANNOTATION.to_string(),
+                    prefix.digest.clone(),
+                ),
+                (
+                    INDEX_LAYERS_ANNOTATION.to_string(),
+                    prefix.layers.to_string(),
+                ),
+            ]
+            .into(),
+        });
+    }
     let subject = Descriptor {
         media_type: source.raw.media_type.clone(),
         digest: source.raw.digest.clone(),

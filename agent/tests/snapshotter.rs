@@ -441,3 +441,137 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
     }
     let _ = (&node.t, &node.registry);
 }
+
+/// A plain image with an index beside it (`tessera index`), never converted, pulled
+/// through CRI: no layer is downloaded, each layer's snapshot is a lazy mount of the
+/// tree of the layers up to it, and a container runs from it. Another plain image,
+/// not indexed, that starts with the same layer builds on that layer's snapshot and
+/// sees exactly that layer under its own: nothing of the indexed image's upper layer.
+#[test]
+fn cri_pull_of_an_indexed_plain_image_downloads_no_layers_and_shares_them_rightly() {
+    let node = node();
+    support::index(
+        node.t.path(),
+        &format!("{}/src/app:v1", node.registry.addr),
+        &[],
+    );
+    let manifest = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!(
+            "http://{}/v2/src/app/manifests/v1",
+            node.registry.addr
+        ))
+        .output()
+        .unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(layers.len(), 2);
+
+    cri_pull(&node.containerd, &node.plain_ref).unwrap_or_else(|e| {
+        panic!(
+            "CRI pull: {e}\ncontainerd log:\n{}\nagent log:\n{}",
+            node.containerd.log(),
+            node.agent.log()
+        )
+    });
+    for layer in &layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, layer),
+            0,
+            "the pull downloaded layer {layer}:\n{:#?}",
+            node.proxy.log()
+        );
+    }
+    let metrics = node.agent.metrics();
+    for line in [
+        r#"tessera_agent_snapshotter_lazy_layers_total{kind="layer_prefix"} 1"#,
+        r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "no {line} in\n{metrics}");
+    }
+    assert_eq!(node.agent.status()["mounts"].as_array().unwrap().len(), 2);
+    let before_run = node.proxy.blob_bytes();
+    assert_eq!(
+        run_container(&node, &node.plain_ref, "i1"),
+        expected_output("i1")
+    );
+    let read = node.proxy.blob_bytes() - before_run;
+    assert!(
+        read > 0 && read < 5 << 20,
+        "the container read busybox and a small file, not the 6 MiB file: {read} bytes"
+    );
+
+    // Another plain image on the same first layer (byte for byte), not indexed.
+    let busybox = std::fs::read(which("busybox")).unwrap();
+    let layout = node.t.path().join("other");
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[
+            vec![("bin/sh", busybox.clone()), ("bin/sleep", busybox)],
+            vec![("data/hello", b"hello from the other image\n".to_vec())],
+        ],
+        &["bin/sh", "bin/sleep"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    node.registry.push_layout(&layout, oci::TAG, "src/other");
+    let other = format!("{}/src/other:v1", node.proxy.addr);
+    let other_manifest = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!(
+            "http://{}/v2/src/other/manifests/v1",
+            node.registry.addr
+        ))
+        .output()
+        .unwrap();
+    let other_manifest: serde_json::Value = serde_json::from_slice(&other_manifest.stdout).unwrap();
+    assert_eq!(
+        other_manifest["layers"][0]["digest"], layers[0],
+        "the two images share their first layer"
+    );
+    let before_other = node.proxy.log().len();
+    cri_pull(&node.containerd, &other).unwrap_or_else(|e| {
+        panic!(
+            "CRI pull of the other image: {e}\n{}\n{}",
+            node.containerd.log(),
+            node.agent.log()
+        )
+    });
+    // The shared layer's snapshot was there already: only the other layer came.
+    let fetched_by_pull: Vec<String> = node.proxy.log()[before_other..]
+        .iter()
+        .filter(|l| l.method == "GET" && l.target.contains("/blobs/"))
+        .map(|l| l.target.clone())
+        .collect();
+    assert!(
+        !fetched_by_pull.iter().any(|t| t.contains(&layers[0])),
+        "{fetched_by_pull:?}"
+    );
+    assert_eq!(
+        fetched_by_pull.len(),
+        2,
+        "its config and layer: {fetched_by_pull:?}"
+    );
+    let script = r#"read l < /data/hello; echo "$l"; if [ -e /data/big ]; then echo "the indexed image's upper layer shows"; fi"#;
+    let out = ctr_script(
+        &node,
+        &["run", "--rm", "--snapshotter", "tessera", &other, "o1"],
+        script,
+        "o1",
+    );
+    assert_eq!(out, "hello from the other image\n");
+    assert!(!node.agent.log().contains("panicked at"));
+}

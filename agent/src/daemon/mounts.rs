@@ -22,6 +22,15 @@ use crate::registry::image as registry_image;
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
 
+/// Which tree of an image a mount shows: the image for `platform` (the host's when
+/// `None`), all its layers or, with `layers`, its first `layers` only (the snapshot of
+/// one layer of an indexed plain image: format.md §17.5).
+#[derive(Debug, Clone, Default)]
+pub struct ImageTree {
+    pub platform: Option<String>,
+    pub layers: Option<u32>,
+}
+
 impl Agent {
     /// Mounts `image` at `mountpoint`: resolves it, fetches and verifies its bootstrap,
     /// and serves it at once; data is fetched as it is read.
@@ -33,7 +42,11 @@ impl Agent {
         platform: Option<String>,
         prefetch: Option<Prefetch>,
     ) -> Result<MountStatus> {
-        self.mount_with(image, mountpoint, record, platform, prefetch, Attach::Mount)
+        let tree = ImageTree {
+            platform,
+            layers: None,
+        };
+        self.mount_with(image, mountpoint, record, tree, prefetch, Attach::Mount)
             .await
     }
 
@@ -45,7 +58,7 @@ impl Agent {
         image: &str,
         mountpoint: &Path,
         record: Option<PathBuf>,
-        platform: Option<String>,
+        tree: ImageTree,
         prefetch: Option<Prefetch>,
         attach: Attach,
     ) -> Result<MountStatus> {
@@ -66,7 +79,9 @@ impl Agent {
             });
         }
         let reference = Reference::parse(image)?;
-        let (resolved, chunks) = self.open_image(&reference, platform.as_deref()).await?;
+        let (resolved, chunks) = self
+            .open_image(&reference, tree.platform.as_deref(), tree.layers)
+            .await?;
         let bootstrap = chunks.bootstrap.clone();
         let recorder = match &record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
@@ -145,19 +160,21 @@ impl Agent {
     }
 
     /// `reference` resolved for `platform` (the host's when `None`), with its verified
-    /// bootstrap and its chunks; what this node already holds of it is announced to the
-    /// swarm in the background.
+    /// bootstrap (of its first `layers` layers, when given: `ImageTree::layers`) and its
+    /// chunks; what this node already holds of it is announced to the swarm in the
+    /// background.
     pub(super) async fn open_image(
         &self,
         reference: &Reference,
         platform: Option<&str>,
+        layers: Option<u32>,
     ) -> Result<(registry_image::PlatformImage, Arc<ImageChunks>)> {
         let platform = match platform {
             Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
             None => Platform::host(),
         };
         let resolved = registry_image::resolve_platform(&self.client, reference, &platform).await?;
-        let bootstrap = Arc::new(self.bootstrap_for(&resolved).await?);
+        let bootstrap = Arc::new(self.bootstrap_for(&resolved, layers).await?);
         let origin = Arc::new(RegistryOrigin {
             client: self.client.clone(),
             reference: resolved.reference.clone(),
@@ -183,8 +200,9 @@ impl Agent {
     pub(super) async fn bootstrap_for(
         &self,
         image: &registry_image::PlatformImage,
+        layers: Option<u32>,
     ) -> Result<Bootstrap> {
-        let location = registry_image::locate_bootstrap(&self.client, image).await?;
+        let location = registry_image::locate_bootstrap(&self.client, image, layers).await?;
         let bootstrap = self.bootstrap_at(image, &location.layer).await?;
         location.check(image, &bootstrap)?;
         Ok(bootstrap)

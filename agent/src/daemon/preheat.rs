@@ -90,7 +90,7 @@ impl Agent {
     ) -> Result<()> {
         let reference = Reference::parse(&task.image)?;
         let platform = (!task.platform.is_empty()).then_some(task.platform.as_str());
-        let (_, chunks) = self.open_image(&reference, platform).await?;
+        let (_, chunks) = self.open_image(&reference, platform, None).await?;
         chunks.bypass_memory();
         let bootstrap = chunks.bootstrap.clone();
         // Blob order, so neighbouring missing chunks travel as one run.

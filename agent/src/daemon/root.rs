@@ -13,6 +13,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, UnixListener};
 
+use super::mounts::ImageTree;
 use super::{local_api, serve_metrics, Agent};
 use crate::config::AgentConfig;
 use crate::fs::handover::{Attach, Keeper};
@@ -226,11 +227,16 @@ impl Images for Arc<Agent> {
     fn mount<'a>(
         &'a self,
         image: &'a str,
+        layers: Option<u32>,
         dir: &'a Path,
         attach: Attach,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.mount_with(image, dir, None, None, None, attach)
+            let tree = ImageTree {
+                platform: None,
+                layers,
+            };
+            self.mount_with(image, dir, None, tree, None, attach)
                 .await
                 .map(|_| ())
         })

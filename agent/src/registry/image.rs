@@ -238,6 +238,10 @@ pub fn bootstrap_layer(image: &PlatformImage) -> Result<&Descriptor> {
 /// `tessera index` as a referrer of the image manifest.
 pub const INDEX_ARTIFACT_TYPE: &str = "application/vnd.tessera.index.v1";
 
+/// On a bootstrap layer of an index: how many of the image's layers its tree covers
+/// (a layer prefix, format.md §17.5); absent on the bootstrap of the whole tree.
+pub const INDEX_LAYERS_ANNOTATION: &str = "io.tessera.index.layers";
+
 /// Where an image's bootstrap is: a layer of the image itself (a Tessera image), or a
 /// layer of the index pushed beside it (a plain image, format.md §17).
 #[derive(Debug, Clone)]
@@ -257,13 +261,17 @@ pub struct IndexArtifact {
     pub layers: Vec<String>,
 }
 
-/// Where `image`'s bootstrap is. A plain image's index is the newest referrer of its
+/// Where `image`'s bootstrap is: the tree of all its layers, or with `layers`, of its
+/// first `layers` only (a prefix an index holds, format.md §17.5; the whole tree when
+/// `layers` is all of them). A plain image's index is the newest referrer of its
 /// manifest of [`INDEX_ARTIFACT_TYPE`], refused unless its manifest names this
 /// manifest as its `subject`; an image with neither is an error saying how to make one.
 pub async fn locate_bootstrap(
     client: &RegistryClient,
     image: &PlatformImage,
+    layers: Option<u32>,
 ) -> Result<BootstrapLocation> {
+    let prefix = layers.filter(|&k| (k as usize) < image.manifest.layers().len());
     if let Ok(layer) = bootstrap_layer(image) {
         return Ok(BootstrapLocation {
             layer: layer.clone(),
@@ -307,12 +315,26 @@ pub async fn locate_bootstrap(
             ),
         ));
     }
+    let covers = |l: &Descriptor| {
+        l.annotations()
+            .as_ref()
+            .and_then(|a| a.get(INDEX_LAYERS_ANNOTATION))
+            .map(|k| k.parse::<u32>().ok())
+    };
     let layer = artifact
         .layers()
         .iter()
-        .find(|l| l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE)
+        .find(|l| {
+            l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE && covers(l) == prefix.map(Some)
+        })
         .cloned()
-        .ok_or_else(|| protocol(&image.reference, &what, "it has no bootstrap layer".into()))?;
+        .ok_or_else(|| {
+            let missing = match prefix {
+                Some(k) => format!("it has no bootstrap of the first {k} layers"),
+                None => "it has no bootstrap layer".into(),
+            };
+            protocol(&image.reference, &what, missing)
+        })?;
     Ok(BootstrapLocation {
         layer,
         index: Some(IndexArtifact {
@@ -404,7 +426,7 @@ pub async fn fetch_bootstrap_or_index(
     image: &PlatformImage,
     dir: &Path,
 ) -> Result<PathBuf> {
-    let location = locate_bootstrap(client, image).await?;
+    let location = locate_bootstrap(client, image, None).await?;
     let bytes = bootstrap_bytes_at(client, image, &location.layer).await?;
     let bootstrap = Bootstrap::from_bytes(bytes, rafs_format::reader::Verify::Checksum)?;
     location.check(image, &bootstrap)?;

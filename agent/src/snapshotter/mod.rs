@@ -12,7 +12,10 @@
 //! blob layer becomes an empty committed snapshot at once, and the bootstrap layer's
 //! snapshot is the image's lazy FUSE mount, the whole merged file tree; containerd is
 //! told each layer already exists, so it downloads none of them. A container's root is
-//! then an overlay whose one lower directory is that mount.
+//! then an overlay whose one lower directory is that mount. A plain image with an index
+//! beside it (`tessera index`) is the same, except that each of its layers' snapshots
+//! is a lazy mount: of the tree of the layers up to it, since another image that
+//! starts with the same layers will find and build on that snapshot.
 //!
 //! Metadata lives in sled ([`store`]) and outlives the agent.
 
@@ -218,7 +221,8 @@ impl Snapshotter {
         }
         if !readonly {
             if let Some(remote) = &self.remote {
-                if let Some(layer) = remote.layer(&labels).await {
+                let depth = self.depth(parent)?;
+                if let Some(layer) = remote.layer(&labels, depth).await {
                     return self.prepare_remote(key, parent, labels, layer).await;
                 }
             }
@@ -282,8 +286,12 @@ impl Snapshotter {
         let fs = self.fs(id);
         std::fs::create_dir_all(&fs).map_err(|e| Error::io("create", &fs, e))?;
         let remote = self.remote.as_ref().expect("a remote layer comes from it");
-        if layer.bootstrap {
-            if let Err(e) = remote.mount(&layer.image, &fs).await {
+        let tree = match layer.holds {
+            remote::Holds::Tree(layers) => Some(layers),
+            remote::Holds::Nothing => None,
+        };
+        if let Some(layers) = tree {
+            if let Err(e) = remote.mount(&layer.image, layers, &fs).await {
                 let _ = std::fs::remove_dir_all(self.dir(id));
                 return Err(e);
             }
@@ -293,13 +301,14 @@ impl Snapshotter {
         let remote_of = store::Remote {
             image: layer.image.clone(),
             layer: layer.digest.clone(),
-            mounted: layer.bootstrap,
+            mounted: tree.is_some(),
+            layers: tree.flatten(),
         };
         let record = Record::new(id, Kind::Committed, parent, labels, Some(remote_of));
         let _changing = self.changes.lock().await;
         if let Err(e) = self.store.insert_new(&layer.target, &record) {
             // Another pull of the same image made it meanwhile: ours goes.
-            if layer.bootstrap {
+            if tree.is_some() {
                 remote.unmount(&fs).await;
             }
             let _ = std::fs::remove_dir_all(self.dir(id));
@@ -315,15 +324,30 @@ impl Snapshotter {
             image = %layer.image,
             layer = %layer.digest,
             snapshot = %layer.target,
-            mounted = layer.bootstrap,
+            holds = ?layer.holds,
             "Tessera layer: nothing to unpack"
         );
-        let kind = if layer.bootstrap { "bootstrap" } else { "blob" };
+        let kind = match tree {
+            Some(None) => "bootstrap",
+            Some(Some(_)) => "layer_prefix",
+            None => "blob",
+        };
         self.metrics
             .lazy_layers
             .get_or_create(&KindLabel { kind })
             .inc();
         Err(exists("a Tessera layer, mounted lazily"))
+    }
+
+    /// How many snapshots the chain from `parent` down holds (a layer prepared on it is
+    /// the image's layer at that index).
+    fn depth(&self, parent: &str) -> Result<u32> {
+        let (mut depth, mut key) = (0, parent.to_string());
+        while !key.is_empty() {
+            depth += 1;
+            key = self.store.require(&key)?.parent;
+        }
+        Ok(depth)
     }
 
     /// A parent must be committed (an active snapshot changes under its children).
@@ -598,7 +622,7 @@ impl Snapshotter {
             };
             let fs = self.fs(record.id);
             let connection = held.remove(&fs);
-            let outcome = remote.restore(&r.image, &fs, connection).await;
+            let outcome = remote.restore(&r.image, r.layers, &fs, connection).await;
             let kind = match &outcome {
                 Ok(true) => "taken_over",
                 Ok(false) => "mounted_again",

@@ -1,10 +1,13 @@
-//! Which layers are a Tessera image's, and their lazy mounts.
+//! Which layers are lazy, and their mounts.
 //!
 //! containerd's CRI plugin labels the snapshot of each layer it is about to unpack with
 //! the image reference, the manifest digest and the layer digest. The manifest (fetched
 //! once per digest with the node's credentials, and verified) says whether the layer is
-//! a Tessera blob or bootstrap layer (docs/format.md §13). Anything else, or a snapshot
-//! without those labels, is an ordinary layer that containerd unpacks.
+//! a Tessera blob or bootstrap layer (docs/format.md §13), or, for a plain image with an
+//! index beside it (§17.6), which of its layers it is: the `k`-th layer's snapshot is
+//! the lazy mount of the tree of its first `k` layers (§17.5), so that it is right for
+//! every image that starts with them. Anything else, or a snapshot without those
+//! labels, is an ordinary layer that containerd unpacks.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -40,10 +43,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait Images: Send + Sync + std::fmt::Debug {
     /// The node's registry client: manifests are read with the node's credentials.
     fn registry_client(&self) -> &Arc<RegistryClient>;
-    /// Mounts `image` (by digest) lazily at `dir`, as `attach` says.
+    /// Mounts `image` (by digest) lazily at `dir`, as `attach` says: the tree of all
+    /// its layers, or of its first `layers` (a layer prefix of an indexed plain image).
     fn mount<'a>(
         &'a self,
         image: &'a str,
+        layers: Option<u32>,
         dir: &'a Path,
         attach: Attach,
     ) -> BoxFuture<'a, Result<()>>;
@@ -51,7 +56,7 @@ pub trait Images: Send + Sync + std::fmt::Debug {
     fn unmount<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
 }
 
-/// A layer of a Tessera image, about to be prepared.
+/// A layer of a Tessera image, or of a plain image with an index, about to be prepared.
 #[derive(Debug, Clone)]
 pub struct Layer {
     /// The committed snapshot containerd will look for (the layer's chain ID).
@@ -59,12 +64,35 @@ pub struct Layer {
     /// The image by manifest digest: `registry/repository@sha256:…`.
     pub image: String,
     pub digest: String,
-    /// The bootstrap layer (mounted), or a blob layer (nothing to do).
-    pub bootstrap: bool,
+    pub holds: Holds,
 }
 
-/// What a manifest's layers are, by digest: `Some(true)` bootstrap, `Some(false)` blob.
-type LayerRoles = HashMap<String, bool>;
+/// What a lazy layer's snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    /// Nothing of its own: a blob layer of a converted image.
+    Nothing,
+    /// The image's merged tree, mounted: of all its layers (`None`: a converted
+    /// image's bootstrap layer, an indexed image's last layer) or of its first `k`
+    /// (an indexed plain image's `k`-th layer, whose snapshot other images that start
+    /// with the same layers share: format.md §17.5).
+    Tree(Option<u32>),
+}
+
+/// What a manifest's layers are.
+#[derive(Debug)]
+enum LayerRoles {
+    /// A Tessera image's: by digest, `true` for the bootstrap layer, `false` for a blob.
+    Converted(HashMap<String, bool>),
+    /// A plain image with an index: its layers' digests in order.
+    Indexed(Vec<String>),
+    /// Neither: every layer is unpacked. Looked up again after [`PLAIN_FOR`] (an index
+    /// may be pushed meanwhile).
+    Plain(std::time::Instant),
+}
+
+/// How long a manifest found to be neither converted nor indexed is taken as plain.
+const PLAIN_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Tessera images for the snapshotter: classifies layers, mounts and unmounts images
 /// through the agent (which owns the mounts, the cache and the credentials).
@@ -88,8 +116,9 @@ impl Remote {
         }
     }
 
-    /// The Tessera layer these snapshot labels describe, if they describe one.
-    pub async fn layer(&self, labels: &BTreeMap<String, String>) -> Option<Layer> {
+    /// The lazy layer these snapshot labels describe, if they describe one; `depth`
+    /// is how many layers are under it (its parent chain's length).
+    pub async fn layer(&self, labels: &BTreeMap<String, String>, depth: u32) -> Option<Layer> {
         let target = labels.get(super::TARGET_LABEL)?;
         let image_ref = labels.get(IMAGE_REF_LABEL)?;
         let manifest = labels.get(MANIFEST_LABEL)?;
@@ -110,12 +139,28 @@ impl Remote {
                 return None;
             }
         };
-        let bootstrap = *roles.get(layer)?;
+        let holds = match roles.as_ref() {
+            LayerRoles::Converted(roles) => match *roles.get(layer)? {
+                true => Holds::Tree(None),
+                false => Holds::Nothing,
+            },
+            LayerRoles::Indexed(layers) => {
+                // The layer at this depth of the image, or containerd is preparing
+                // something else: then it is unpacked as usual.
+                if layers.get(depth as usize) != Some(layer) {
+                    tracing::warn!(image = %reference, layer, depth, "a layer of an indexed image prepared at another depth than the image's; unpacking it as usual");
+                    return None;
+                }
+                let k = depth + 1;
+                Holds::Tree((k < layers.len() as u32).then_some(k))
+            }
+            LayerRoles::Plain(_) => return None,
+        };
         Some(Layer {
             target: target.clone(),
             image: reference.to_string(),
             digest: layer.clone(),
-            bootstrap,
+            holds,
         })
     }
 
@@ -129,25 +174,41 @@ impl Remote {
             &Platform::host(),
         )
         .await?;
-        let bootstrap = registry_image::bootstrap_layer(&image)
-            .ok()
-            .map(|d| d.digest().to_string());
-        let mut roles = LayerRoles::new();
-        if let Some(bootstrap) = bootstrap {
-            for l in image.manifest.layers() {
-                let digest = l.digest().to_string();
-                if digest == bootstrap {
-                    roles.insert(digest, true);
-                } else if l.media_type().to_string() == BLOB_MEDIA_TYPE
-                    || l.annotations()
-                        .as_ref()
-                        .and_then(|a| a.get(BLOB_ANNOTATION))
-                        .is_some_and(|v| v == "true")
-                {
-                    roles.insert(digest, false);
+        let client = self.images.registry_client();
+        let roles = match registry_image::bootstrap_layer(&image) {
+            Ok(bootstrap) => {
+                let bootstrap = bootstrap.digest().to_string();
+                let mut roles = HashMap::new();
+                for l in image.manifest.layers() {
+                    let digest = l.digest().to_string();
+                    if digest == bootstrap {
+                        roles.insert(digest, true);
+                    } else if l.media_type().to_string() == BLOB_MEDIA_TYPE
+                        || l.annotations()
+                            .as_ref()
+                            .and_then(|a| a.get(BLOB_ANNOTATION))
+                            .is_some_and(|v| v == "true")
+                    {
+                        roles.insert(digest, false);
+                    }
                 }
+                LayerRoles::Converted(roles)
             }
-        }
+            Err(_) => match registry_image::locate_bootstrap(client, &image, None).await {
+                Ok(_) => LayerRoles::Indexed(
+                    image
+                        .manifest
+                        .layers()
+                        .iter()
+                        .map(|l| l.digest().to_string())
+                        .collect(),
+                ),
+                Err(e) => {
+                    tracing::debug!(image = %reference, error = %e, "a plain image without a usable index: its layers are unpacked");
+                    LayerRoles::Plain(std::time::Instant::now())
+                }
+            },
+        };
         let roles = Arc::new(roles);
         self.manifests
             .lock()
@@ -161,17 +222,18 @@ impl Remote {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(manifest)
+            .filter(|roles| !matches!(***roles, LayerRoles::Plain(at) if at.elapsed() > PLAIN_FOR))
             .cloned()
     }
 
     /// Mounts `image` (by digest) lazily at `dir`, through the agent, handing it to
     /// the keeper (if there is one) so it outlives this agent.
-    pub async fn mount(&self, image: &str, dir: &Path) -> Result<()> {
+    pub async fn mount(&self, image: &str, layers: Option<u32>, dir: &Path) -> Result<()> {
         let attach = match &self.keeper {
             Some(keeper) => Attach::HandOver(keeper.clone()),
             None => Attach::Mount,
         };
-        self.images.mount(image, dir, attach).await
+        self.images.mount(image, layers, dir, attach).await
     }
 
     /// Unmounts what [`mount`](Self::mount) mounted at `dir` (the agent lets the
@@ -198,14 +260,20 @@ impl Remote {
     /// After a restart: serves `image` at `dir` (canonical) again, taking over the
     /// mount the previous agent left if the keeper held it (containers using it never
     /// noticed; `true`), else mounting it anew (`false`).
-    pub async fn restore(&self, image: &str, dir: &Path, held: Option<OwnedFd>) -> Result<bool> {
+    pub async fn restore(
+        &self,
+        image: &str,
+        layers: Option<u32>,
+        dir: &Path,
+        held: Option<OwnedFd>,
+    ) -> Result<bool> {
         let alive = fuse_mounted_at(dir);
         if let (Some(connection), true, Some(keeper)) = (held, alive, &self.keeper) {
             let attach = Attach::TakeOver {
                 connection,
                 keeper: keeper.clone(),
             };
-            match self.images.mount(image, dir, attach).await {
+            match self.images.mount(image, layers, dir, attach).await {
                 Ok(()) => {
                     tracing::info!(mountpoint = %dir.display(), image, "took over the mount the previous agent left");
                     return Ok(true);
@@ -224,7 +292,7 @@ impl Remote {
                 tracing::warn!(error = %e, "could not detach a mount nobody serves");
             }
         }
-        self.mount(image, dir).await.map(|()| false)
+        self.mount(image, layers, dir).await.map(|()| false)
     }
 
     /// Tells the keeper to let go of a connection nothing uses any more.

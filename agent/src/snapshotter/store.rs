@@ -60,9 +60,14 @@ pub struct Remote {
     pub image: String,
     /// The layer of the image this snapshot stands for.
     pub layer: String,
-    /// True for the bootstrap layer: this snapshot's `fs` is the image's lazy mount, the
-    /// whole merged file tree. Blob layers hold nothing of their own.
+    /// True when this snapshot's `fs` is the image's lazy mount, a merged file tree
+    /// (the bootstrap layer of a converted image, every layer of an indexed plain
+    /// image). Blob layers of a converted image hold nothing of their own.
     pub mounted: bool,
+    /// The mount shows the image's first `layers` layers only (an indexed plain
+    /// image's layer prefix); `None`: all of them.
+    #[serde(default)]
+    pub layers: Option<u32>,
 }
 
 /// The records, in sled.
