@@ -36,6 +36,7 @@ mod metrics;
 mod origin;
 mod peers;
 mod readahead;
+mod recent;
 mod run;
 pub mod seams;
 mod span;
@@ -109,6 +110,8 @@ pub struct Fetcher {
     landings: tokio::sync::Notify,
     /// Units handed out lately.
     memory: Mutex<Memory>,
+    /// Compressed bytes of gzip layers that runs of spans fetched lately.
+    recent_spans: Mutex<recent::RecentSpans>,
     /// Peers holding a whole blob, by blob, as the scheduler named them lately
     /// (`peers::HOLDERS_FRESH`): a run asks them without a trip to the scheduler.
     holders: Mutex<HashMap<String, (Vec<tessera_proto::domain::Peer>, Instant)>>,
@@ -154,6 +157,7 @@ impl Fetcher {
             flights: Mutex::new(HashMap::new()),
             landings: tokio::sync::Notify::new(),
             memory: Mutex::new(Memory::new(config.memory_bytes)),
+            recent_spans: Mutex::default(),
             holders: Mutex::new(HashMap::new()),
             ahead_turns: tokio::sync::Semaphore::new(ahead::AHEAD_RUNS),
             ahead_queued: AtomicUsize::new(0),
@@ -214,6 +218,10 @@ impl Fetcher {
                 return;
             }
         }
+    }
+
+    fn recent_spans(&self) -> std::sync::MutexGuard<'_, recent::RecentSpans> {
+        self.recent_spans.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

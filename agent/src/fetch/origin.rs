@@ -65,13 +65,8 @@ impl Fetcher {
             let mut looked_at = 0;
             // Each piece's check, with the result of each of its members.
             let mut checks: Vec<Checks> = Vec::new();
-            // Bytes that came over the network, whole or not (`arrived` starts again
-            // from the range's start when the origin asks anew after a cut).
-            let (mut received, mut shown) = (0, 0);
+            // `arrived`: the run's bytes from `start` so far.
             let mut take = |arrived: &[u8]| {
-                let now = arrived.len() as u64;
-                received += if now >= shown { now - shown } else { now };
-                shown = now;
                 while let Some(piece) = pieces.get(looked_at) {
                     let from = (piece.range.0 - start) as usize;
                     let to = (piece.range.1 - start) as usize;
@@ -136,17 +131,47 @@ impl Fetcher {
                     checks.push(check);
                 }
             };
-            let fetched = wanted.origin().range(&blob, start..end, &mut take).await;
-            let failed = match fetched {
-                // For an origin that shows the bytes only at the end.
-                Ok(bytes) => {
-                    take(&bytes);
-                    None
+            // Spans of one checkpoint overlap: what a recent run fetched of this range
+            // is taken from memory, the rest asked of the origin.
+            let spans = run[pending[0]].unit.span.is_some();
+            let mut joined = match spans {
+                true => self.recent_spans().held(&blob, start, end),
+                false => Vec::new(),
+            };
+            let held = joined.len();
+            // Bytes that came over the network, whole or not (`arrived` starts again
+            // from the asked range's start when the origin asks anew after a cut).
+            let (mut received, mut shown) = (0, 0);
+            let mut arrive = |arrived: &[u8]| {
+                if arrived.len() < shown {
+                    shown = 0;
+                    joined.truncate(held);
                 }
-                Err(e) => Some(e.to_string()),
+                received += (arrived.len() - shown) as u64;
+                if spans {
+                    joined.extend_from_slice(&arrived[shown..]);
+                    take(&joined);
+                } else {
+                    take(arrived);
+                }
+                shown = arrived.len();
+            };
+            let failed = if start + held as u64 >= end {
+                arrive(&[]);
+                None
+            } else {
+                let asked = start + held as u64..end;
+                match wanted.origin().range(&blob, asked, &mut arrive).await {
+                    // For an origin that shows the bytes only at the end.
+                    Ok(bytes) => {
+                        arrive(&bytes);
+                        None
+                    }
+                    Err(e) => Some(e.to_string()),
+                }
             };
             wanted.observe(Event::OriginTransfer { bytes: received });
-            let (mut held, mut verified) = (Vec::new(), 0);
+            let (mut held, mut verified, mut spoiled) = (Vec::new(), 0, false);
             for check in checks {
                 let Ok(results) = check.await else {
                     last_error = ChunkFailure::Stopped.to_string();
@@ -162,6 +187,7 @@ impl Fetcher {
                             outcomes[i] = Some(Ok(got));
                         }
                         Err(reason) => {
+                            spoiled = true;
                             self.count_failure(wanted.as_ref(), Source::Origin, true);
                             tracing::error!(
                                 image = %wanted.name(),
@@ -179,6 +205,14 @@ impl Fetcher {
                             .to_string();
                         }
                     }
+                }
+            }
+            // Bytes that spoiled a unit are not read again: the next attempt asks the
+            // origin for the whole range.
+            if spans {
+                match spoiled {
+                    false => self.recent_spans().keep(&blob, start, joined),
+                    true => self.recent_spans().forget(&blob, start, end),
                 }
             }
             // What was verified before a cut is kept and may be announced.

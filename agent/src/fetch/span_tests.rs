@@ -361,3 +361,39 @@ async fn a_spoiled_byte_fails_the_spans_it_feeds_and_keeps_the_ones_before() {
         "a span before the damage was not kept"
     );
 }
+
+#[tokio::test]
+async fn a_later_span_of_a_checkpoint_asks_only_for_what_an_earlier_run_did_not_fetch() {
+    let (fetcher, _store, wanted) = bed(None, 1);
+    let layer = wanted.layer.clone();
+    let first = (1..layer.units.len())
+        .find(|&i| {
+            let cp = layer.units[i].span.unwrap().checkpoint;
+            cp.is_some() && layer.units.get(i + 1).map(|u| u.span.unwrap().checkpoint) == Some(cp)
+        })
+        .unwrap();
+    let dyn_wanted: Arc<dyn Wanted> = wanted.clone();
+    for i in [first, first + 1] {
+        let got = fetcher.unit(&dyn_wanted, layer.units[i]).await.unwrap();
+        assert!(got.data[..] == *layer.chunk(i), "span {i}");
+    }
+    let asked: Vec<Range<u64>> = wanted
+        .origin
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(b, _)| b == LAYER)
+        .map(|(_, r)| r.clone())
+        .collect();
+    let (a, b) = (layer.units[first], layer.units[first + 1]);
+    assert_eq!(a.offset, b.offset, "one checkpoint");
+    assert_eq!(
+        asked,
+        [
+            a.offset..a.offset + u64::from(a.stored_size),
+            a.offset + u64::from(a.stored_size)..b.offset + u64::from(b.stored_size)
+        ],
+        "the second read asks from where the first stopped"
+    );
+}
