@@ -98,6 +98,43 @@ fn the_second_agent_reads_from_the_first() {
     assert!(status.success(), "scheduler exit status {status}");
 }
 
+/// A plain image with an index (never converted) is shared like a converted one: the
+/// second agent gets every chunk its reads need from the first, none from the origin,
+/// and no checkpoint window either (peers send chunks inflated and verified).
+#[test]
+fn an_indexed_plain_image_is_shared_through_peers() {
+    let mut swarm = Swarm::new(4, 4 << 20, "400mbit", &[]);
+    swarm.index_plain();
+    let first = swarm.agent(&[]);
+    let second = swarm.agent(&[]);
+    wait_registered(&first);
+    wait_registered(&second);
+    let mount = |agent: &AgentProcess| {
+        let mnt = agent.dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        agent.ok(&["mount", &swarm.plain_reference, mnt.to_str().unwrap()]);
+        mnt
+    };
+
+    swarm.read_all(&mount(&first));
+    // The files' chunks and the checkpoints' windows, from the origin.
+    let first_origin = pull(&first)["origin_bytes"].as_u64().unwrap();
+    assert!(first_origin >= swarm.total(), "{first_origin}");
+
+    let before = swarm.origin_tx();
+    swarm.read_all(&mount(&second));
+    let second_origin = swarm.origin_tx() - before;
+    let p = pull(&second);
+    assert_eq!(p["origin_bytes"], 0, "{p}");
+    assert_eq!(p["peer_bytes"], swarm.total(), "{p}");
+    assert_eq!(p["verification_failures"], 0, "{p}");
+    assert!(
+        second_origin < 256 << 10,
+        "the registry sent {second_origin} bytes for the second agent (data {} bytes)",
+        swarm.total()
+    );
+}
+
 /// Agents busy with the start-up pattern — many small files, each fetched and announced
 /// on its own — keep their leases: three agents read 300 files of 16 KiB through a
 /// registry capped at 8 Mbit/s (about five seconds) with a 2 s lease, and the scheduler

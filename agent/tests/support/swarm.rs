@@ -140,6 +140,22 @@ impl Swarm {
         }
     }
 
+    /// `tessera index` of the plain image (issue 22): it can then be mounted lazily.
+    pub fn index_plain(&self) {
+        let out = tessera()
+            .args(["index", "--json", "--config"])
+            .arg(&self.config)
+            .arg(&self.plain_reference)
+            .env("DOCKER_CONFIG", self.t.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "index: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A new agent on its own host, in the swarm, with `extra` flags.
     pub fn agent(&mut self, extra: &[&str]) -> AgentProcess {
         let host = self.host();
