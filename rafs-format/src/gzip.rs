@@ -194,6 +194,47 @@ pub fn inflate_ranges(
     Ok(())
 }
 
+/// Which bytes of a checkpoint's window the output after it refers to. The
+/// others are set to zero when the checkpoint is handed out: decoding from it never
+/// reads them, and a window of mostly zeros compresses to little (format.md §17.1).
+struct WindowUse {
+    /// Output offset of the window's first byte.
+    start: u64,
+    /// The checkpoint's output offset (the window's end).
+    out: u64,
+    /// One bit per window byte.
+    used: Vec<u64>,
+}
+
+impl WindowUse {
+    fn new(checkpoint: &Checkpoint) -> Self {
+        let len = checkpoint.window.len();
+        WindowUse {
+            start: checkpoint.out - len as u64,
+            out: checkpoint.out,
+            used: vec![0; len.div_ceil(64)],
+        }
+    }
+
+    /// A match copying `len` bytes from output offset `from`.
+    fn copied(&mut self, from: u64, len: usize) {
+        let end = (from + len as u64).min(self.out);
+        for at in from.max(self.start)..end {
+            let i = (at - self.start) as usize;
+            self.used[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    /// Zeroes the bytes of `window` nothing used.
+    fn apply(&self, window: &mut [u8]) {
+        for (i, byte) in window.iter_mut().enumerate() {
+            if self.used[i / 64] & (1 << (i % 64)) == 0 {
+                *byte = 0;
+            }
+        }
+    }
+}
+
 /// A gzip decoder (one or more members, RFC 1952) that is read like a file and, when
 /// asked, records checkpoints and marks on the way.
 pub struct GzipReader<R> {
@@ -221,6 +262,9 @@ pub struct GzipReader<R> {
     /// Checkpoints are recorded only when this is set (`tessera index`).
     spacing: Option<u64>,
     checkpoints: Vec<Checkpoint>,
+    /// Checkpoints whose windows matches may still refer into (the first [`WINDOW`]
+    /// bytes of output after each), by index: which window bytes they used.
+    window_uses: Vec<(usize, WindowUse)>,
     marks: Vec<Mark>,
     next_mark: u64,
     /// The error that stopped decoding; returned again on every later read.
@@ -319,6 +363,7 @@ impl<R: Read> GzipReader<R> {
             member_out: resumed_at,
             spacing: None,
             checkpoints: Vec::new(),
+            window_uses: Vec::new(),
             marks: Vec::new(),
             next_mark: resumed_at + MARK_SPACING,
             failed: None,
@@ -330,9 +375,35 @@ impl<R: Read> GzipReader<R> {
         self.bits.source
     }
 
-    /// The checkpoints recorded since the last call.
+    /// The checkpoints recorded since the last call, each window's bytes that nothing
+    /// after it refers to set to zero. Until the stream ends, the last checkpoint is
+    /// kept back while the output after it may still refer into its window.
     pub fn take_checkpoints(&mut self) -> Vec<Checkpoint> {
-        std::mem::take(&mut self.checkpoints)
+        if self.state == State::Done {
+            self.close_window_uses(u64::MAX);
+        }
+        let kept = self
+            .window_uses
+            .first()
+            .map_or(self.checkpoints.len(), |(i, _)| *i);
+        let rest = self.checkpoints.split_off(kept);
+        for (i, _) in &mut self.window_uses {
+            *i -= kept;
+        }
+        std::mem::replace(&mut self.checkpoints, rest)
+    }
+
+    /// Applies the window use of every checkpoint nothing from output offset `here` on
+    /// can refer into (`u64::MAX`: all of them).
+    fn close_window_uses(&mut self, here: u64) {
+        let checkpoints = &mut self.checkpoints;
+        self.window_uses.retain(|(i, usage)| {
+            let open = here < usage.out.saturating_add(WINDOW as u64);
+            if !open {
+                usage.apply(&mut checkpoints[*i].window);
+            }
+            open
+        });
     }
 
     /// The marks recorded since the last call.
@@ -442,6 +513,8 @@ impl<R: Read> GzipReader<R> {
     }
 
     fn member_header(&mut self) -> Result<()> {
+        // A member refers to nothing before it.
+        self.close_window_uses(u64::MAX);
         let b = &mut self.bits;
         let fixed = b.bytes::<10>().map_err(|e| e.into_error(b))?;
         if fixed[0..2] != [0x1f, 0x8b] {
@@ -493,13 +566,17 @@ impl<R: Read> GzipReader<R> {
         if let Some(spacing) = self.spacing {
             let last = self.checkpoints.last().map_or(0, |c| c.out);
             let here = self.out_offset();
+            self.close_window_uses(here);
             if here >= last + spacing && here > self.member_out {
                 let window = &self.out[self.out_len.saturating_sub(WINDOW)..self.out_len];
-                self.checkpoints.push(Checkpoint {
+                let checkpoint = Checkpoint {
                     in_bits: self.bits.consumed_bits(),
                     out: here,
                     window: window.to_vec(),
-                });
+                };
+                let usage = WindowUse::new(&checkpoint);
+                self.window_uses.push((self.checkpoints.len(), usage));
+                self.checkpoints.push(checkpoint);
             }
         }
         let b = &mut self.bits;
@@ -696,6 +773,12 @@ impl<R: Read> GzipReader<R> {
                 ));
             }
             let from = self.out_len - dist;
+            for (_, usage) in &mut self.window_uses {
+                let at = self.out_start + from as u64;
+                if at < usage.out {
+                    usage.copied(at, len);
+                }
+            }
             if dist >= len {
                 self.out.copy_within(from..from + len, self.out_len);
             } else {

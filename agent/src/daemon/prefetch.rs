@@ -1,6 +1,6 @@
-//! Prefetch after a mount: the image's prefetch list (and, for `all`, every other
-//! chunk in blob order) through the fetcher at a bounded concurrency, in the
-//! background, so on-demand reads are never queued behind it.
+//! Prefetch after a mount: an index's checkpoint windows, the image's prefetch list
+//! (and, for `all`, every other chunk in blob order) through the fetcher at a bounded
+//! concurrency, in the background, so on-demand reads are never queued behind it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,8 +10,9 @@ use super::mounted::MountedImage;
 use crate::config::Prefetch;
 use crate::fetch::{Fetcher, Wanted};
 
-/// Fetches the image's prefetch list (and, for `all`, every other chunk, in blob
-/// order) with at most `concurrency` chunks at a time, so on-demand reads keep going.
+/// Fetches an index's windows, the image's prefetch list (and, for `all`, every other
+/// chunk, in blob order) with at most `concurrency` chunks at a time, so on-demand
+/// reads keep going.
 pub(super) async fn prefetch_image(
     fetcher: Arc<Fetcher>,
     image: Arc<MountedImage>,
@@ -22,6 +23,15 @@ pub(super) async fn prefetch_image(
     let b = &image.chunks.bootstrap;
     let mut chunks: Vec<u32> = Vec::new();
     let mut seen = HashSet::new();
+    // An index's checkpoint windows first (format.md §17): every read that goes to
+    // the origin needs one, and they are a small blob fetched in a few requests.
+    for cp in 0..b.checkpoint_count() {
+        if let Some(window) = b.checkpoint(cp).ok().and_then(|c| c.window_chunk) {
+            if seen.insert(window) {
+                chunks.push(window);
+            }
+        }
+    }
     if let Ok(entries) = b.prefetch() {
         for e in entries {
             let Ok(inode) = b.inode(e.ino) else { continue };

@@ -171,6 +171,11 @@ impl Fetcher {
                 }
             };
             wanted.observe(Event::OriginTransfer { bytes: received });
+            // Kept at once, for runs planned while these are checked; forgotten below
+            // if they spoil a unit.
+            if spans {
+                self.recent_spans().keep(&blob, start, joined);
+            }
             let (mut held, mut verified, mut spoiled) = (Vec::new(), 0, false);
             for check in checks {
                 let Ok(results) = check.await else {
@@ -209,11 +214,8 @@ impl Fetcher {
             }
             // Bytes that spoiled a unit are not read again: the next attempt asks the
             // origin for the whole range.
-            if spans {
-                match spoiled {
-                    false => self.recent_spans().keep(&blob, start, joined),
-                    true => self.recent_spans().forget(&blob, start, end),
-                }
+            if spans && spoiled {
+                self.recent_spans().forget(&blob, start, end);
             }
             // What was verified before a cut is kept and may be announced.
             self.announce(wanted.as_ref(), &blob, held);
