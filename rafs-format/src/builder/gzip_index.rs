@@ -16,9 +16,10 @@ use crate::{Error, Result};
 /// Output between checkpoints: a read in the middle of a layer fetches and inflates
 /// up to this much more than it needs, and each checkpoint's window costs index space.
 /// Windows keep only the bytes later matches copy (format.md §17.1), which zstd then
-/// shrinks to a few KiB: at 512 KiB the benchmark image's index is 1.8% of its
-/// layers, and its cold start fetches about a third more than the converted image's.
-pub const CHECKPOINT_SPACING: u64 = 512 << 10;
+/// shrinks to a few KiB. On the benchmark image (benches/README.md, issue 22): at 2 MiB
+/// without that the index was 2.4% of the layers and a cold start 1.7× the converted
+/// image's; at 384 KiB the index is 2.1% and the cold start 1.25×.
+pub const CHECKPOINT_SPACING: u64 = 384 << 10;
 
 /// What the writer needs of one indexed layer.
 #[derive(Debug)]
