@@ -94,6 +94,42 @@ fn push_files_image(
     files
 }
 
+/// What the tests of one indexed files image share: `src/files` (from
+/// [`push_files_image`]) indexed, behind a counting proxy.
+struct Indexed {
+    t: tempfile::TempDir,
+    home: PathBuf,
+    registry: Registry,
+    proxy: FaultProxy,
+    files: Vec<(String, Vec<u8>)>,
+    /// The image in the registry itself, and through the proxy.
+    src: String,
+    reference: String,
+    /// `tessera index --json`'s summary.
+    summary: serde_json::Value,
+}
+
+fn indexed_files_image() -> Indexed {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let files = push_files_image(t.path(), &registry, "src/files", oci::TAG, 0);
+    let src = format!("{}/src/files:{}", registry.addr, oci::TAG);
+    let summary = support::index(&home, &src, &[]);
+    let reference = format!("{}/src/files:{}", proxy.addr, oci::TAG);
+    Indexed {
+        t,
+        home,
+        registry,
+        proxy,
+        files,
+        src,
+        reference,
+        summary,
+    }
+}
+
 fn read_all(mnt: &Path, files: &[(String, Vec<u8>)]) {
     for (path, data) in files {
         let got = std::fs::read(mnt.join(path)).unwrap();
@@ -152,15 +188,17 @@ fn an_indexed_plain_image_mounts_like_umoci_unpack() {
 /// by `tessera convert` then mount and read without the origin.
 #[test]
 fn an_indexed_mount_reads_a_small_file_from_a_small_part_of_the_layer() {
-    let t = tempfile::tempdir().unwrap();
-    let home = home(t.path());
-    let registry = Registry::start();
-    let proxy = FaultProxy::start(&registry.addr);
-    let files = push_files_image(t.path(), &registry, "src/files", oci::TAG, 0);
-    let src = format!("{}/src/files:{}", registry.addr, oci::TAG);
-    let summary = support::index(&home, &src, &[]);
+    let Indexed {
+        t,
+        home,
+        registry,
+        proxy,
+        files,
+        src,
+        reference,
+        summary,
+    } = indexed_files_image();
     let layer_bytes = summary["images"][0]["layer_bytes"].as_u64().unwrap();
-    let reference = format!("{}/src/files:{}", proxy.addr, oci::TAG);
     let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
     let mnt = mountpoint(t.path(), "mnt");
     agent.ok(&["mount", &reference, s(&mnt)]);
@@ -217,13 +255,15 @@ fn an_indexed_mount_reads_a_small_file_from_a_small_part_of_the_layer() {
 /// as ever; once the layer is repaired the same read succeeds through the same mount.
 #[test]
 fn a_flipped_byte_in_a_layer_gives_eio_for_its_range_only() {
-    let t = tempfile::tempdir().unwrap();
-    let home = home(t.path());
-    let registry = Registry::start();
-    let proxy = FaultProxy::start(&registry.addr);
-    let files = push_files_image(t.path(), &registry, "src/files", oci::TAG, 0);
-    let src = format!("{}/src/files:{}", registry.addr, oci::TAG);
-    support::index(&home, &src, &[]);
+    let Indexed {
+        t,
+        registry,
+        proxy: _proxy,
+        files,
+        src,
+        reference,
+        ..
+    } = indexed_files_image();
     let manifest: serde_json::Value = serde_json::from_slice(
         &block_on(client().manifest(&Reference::parse(&src).unwrap()))
             .unwrap()
@@ -239,7 +279,6 @@ fn a_flipped_byte_in_a_layer_gives_eio_for_its_range_only() {
     bad[at] ^= 0x55;
     std::fs::write(&stored, &bad).unwrap();
 
-    let reference = format!("{}/src/files:{}", proxy.addr, oci::TAG);
     let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
     let mnt = mountpoint(t.path(), "mnt");
     agent.ok(&["mount", &reference, s(&mnt)]);

@@ -119,19 +119,7 @@ fn node() -> Node {
         },
     );
 
-    let manifest = std::process::Command::new("curl")
-        .args([
-            "-sf",
-            "-H",
-            "Accept: application/vnd.oci.image.manifest.v1+json",
-        ])
-        .arg(format!(
-            "http://{}/v2/tessera/app/manifests/v1",
-            registry.addr
-        ))
-        .output()
-        .unwrap();
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let manifest = manifest_json(&registry.addr, "tessera/app");
     let blob_layers = manifest["layers"]
         .as_array()
         .unwrap()
@@ -153,6 +141,20 @@ fn node() -> Node {
         containerd,
         blob_layers,
     }
+}
+
+/// The image manifest `repo:v1` of the registry at `addr`, as JSON.
+fn manifest_json(addr: &str, repo: &str) -> serde_json::Value {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!("http://{addr}/v2/{repo}/manifests/v1"))
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn which(tool: &str) -> PathBuf {
@@ -455,19 +457,7 @@ fn cri_pull_of_an_indexed_plain_image_downloads_no_layers_and_shares_them_rightl
         &format!("{}/src/app:v1", node.registry.addr),
         &[],
     );
-    let manifest = std::process::Command::new("curl")
-        .args([
-            "-sf",
-            "-H",
-            "Accept: application/vnd.oci.image.manifest.v1+json",
-        ])
-        .arg(format!(
-            "http://{}/v2/src/app/manifests/v1",
-            node.registry.addr
-        ))
-        .output()
-        .unwrap();
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest.stdout).unwrap();
+    let manifest = manifest_json(&node.registry.addr, "src/app");
     let layers: Vec<String> = manifest["layers"]
         .as_array()
         .unwrap()
@@ -525,19 +515,7 @@ fn cri_pull_of_an_indexed_plain_image_downloads_no_layers_and_shares_them_rightl
     );
     node.registry.push_layout(&layout, oci::TAG, "src/other");
     let other = format!("{}/src/other:v1", node.proxy.addr);
-    let other_manifest = std::process::Command::new("curl")
-        .args([
-            "-sf",
-            "-H",
-            "Accept: application/vnd.oci.image.manifest.v1+json",
-        ])
-        .arg(format!(
-            "http://{}/v2/src/other/manifests/v1",
-            node.registry.addr
-        ))
-        .output()
-        .unwrap();
-    let other_manifest: serde_json::Value = serde_json::from_slice(&other_manifest.stdout).unwrap();
+    let other_manifest = manifest_json(&node.registry.addr, "src/other");
     assert_eq!(
         other_manifest["layers"][0]["digest"], layers[0],
         "the two images share their first layer"
