@@ -329,10 +329,7 @@ impl Job<'_> {
         target: &Reference,
         work: &Path,
     ) -> Result<Converted> {
-        let label = source
-            .platform
-            .as_ref()
-            .map_or_else(|| "image".to_string(), ToString::to_string);
+        let label = source.label();
         if image::bootstrap_layer(source).is_ok() {
             return Err(internal(
                 &source.reference,

@@ -137,10 +137,7 @@ async fn index_one(
     progress: &ConvertProgress,
     work: &Path,
 ) -> Result<IndexedImage> {
-    let label = source
-        .platform
-        .as_ref()
-        .map_or_else(|| "image".to_string(), ToString::to_string);
+    let label = source.label();
     if image::bootstrap_layer(source).is_ok() {
         return Err(failed(
             &source.reference,

@@ -8,12 +8,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera_agent::convert::{convert as run_convert, ConvertOptions, ConvertProgress};
 use tessera_agent::registry::client::Credential;
-use tessera_agent::registry::reference::{Platform, Reference};
+use tessera_agent::registry::reference::Reference;
 
 use super::image::{print_summary, FormatArgs, ProgressDisplay};
 use tessera_agent::registry::credentials::parse_user_password;
 
-use super::registry::{runtime, RegistryArgs};
+use super::registry::{runtime, PlatformArgs, RegistryArgs};
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
@@ -23,16 +23,8 @@ pub struct ConvertArgs {
     target: Reference,
     #[command(flatten)]
     format: FormatArgs,
-    /// Platform to convert from a multi-platform image [default: this machine's].
-    #[arg(
-        long,
-        value_name = "OS/ARCH[/VARIANT]",
-        conflicts_with = "all_platforms"
-    )]
-    platform: Option<Platform>,
-    /// Convert every platform of a multi-platform image and push an index.
-    #[arg(long)]
-    all_platforms: bool,
+    #[command(flatten)]
+    platforms: PlatformArgs,
     /// An image converted earlier (e.g. the previous version): chunks it has are not
     /// pushed again. Fastest in the same registry as the target (blobs are mounted).
     #[arg(long, value_name = "REF")]
@@ -68,8 +60,8 @@ pub fn convert(args: ConvertArgs) -> Result<()> {
     .context("create a scratch directory")?;
     let opts = ConvertOptions {
         build: args.format.options()?,
-        platform: args.platform.clone().unwrap_or_else(Platform::host),
-        all_platforms: args.all_platforms,
+        platform: args.platforms.platform(),
+        all_platforms: args.platforms.all(),
         chunk_dict: args.chunk_dict.clone(),
         work_dir: work.path().to_path_buf(),
     };

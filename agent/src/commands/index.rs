@@ -10,11 +10,11 @@ use tessera_agent::convert::ConvertProgress;
 use tessera_agent::index::{index as run_index, IndexOptions};
 use tessera_agent::registry::client::Credential;
 use tessera_agent::registry::credentials::parse_user_password;
-use tessera_agent::registry::reference::{Platform, Reference};
+use tessera_agent::registry::reference::Reference;
 
 use super::convert::progress_display;
 use super::image::{print_summary, FormatArgs};
-use super::registry::{runtime, RegistryArgs};
+use super::registry::{runtime, PlatformArgs, RegistryArgs};
 
 #[derive(Debug, Args)]
 pub struct IndexArgs {
@@ -25,16 +25,8 @@ pub struct IndexArgs {
     /// converted image share their chunks.
     #[command(flatten)]
     format: FormatArgs,
-    /// Platform to index from a multi-platform image [default: this machine's].
-    #[arg(
-        long,
-        value_name = "OS/ARCH[/VARIANT]",
-        conflicts_with = "all_platforms"
-    )]
-    platform: Option<Platform>,
-    /// Index every platform of a multi-platform image (one index per manifest).
-    #[arg(long)]
-    all_platforms: bool,
+    #[command(flatten)]
+    platforms: PlatformArgs,
     /// Credentials for the registry, `USER:PASSWORD` (else the credentials file).
     #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
     creds: Option<Credential>,
@@ -57,8 +49,8 @@ pub fn index(args: IndexArgs) -> Result<()> {
     .context("create a scratch directory")?;
     let opts = IndexOptions {
         build: args.format.options()?,
-        platform: args.platform.clone().unwrap_or_else(Platform::host),
-        all_platforms: args.all_platforms,
+        platform: args.platforms.platform(),
+        all_platforms: args.platforms.all(),
         work_dir: work.path().to_path_buf(),
     };
     let progress = Arc::new(ConvertProgress::default());

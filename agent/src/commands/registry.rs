@@ -1,6 +1,6 @@
-//! Flags shared by the subcommands that talk to registries (`convert`, and `inspect`,
-//! `check`, `unpack` with `--ref`): where credentials and registry settings come from,
-//! and the client built from them.
+//! Flags shared by the subcommands that talk to registries (`convert`, `index`, and
+//! `inspect`, `check`, `unpack` with `--ref`): where credentials and registry settings
+//! come from, the client built from them, and which platforms to work on.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,7 +11,34 @@ use tessera_agent::registry::client::{ClientOptions, Credential, RegistryClient}
 use tessera_agent::registry::credentials::{
     default_auth_file, load_registry_config, DockerConfig, RegistryConfig,
 };
-use tessera_agent::registry::reference::Reference;
+use tessera_agent::registry::reference::{Platform, Reference};
+
+/// Which platforms of a multi-platform image a command works on (`convert`, `index`).
+#[derive(Debug, Args)]
+pub struct PlatformArgs {
+    /// Platform to take from a multi-platform image [default: this machine's].
+    #[arg(
+        long,
+        value_name = "OS/ARCH[/VARIANT]",
+        conflicts_with = "all_platforms"
+    )]
+    platform: Option<Platform>,
+    /// Every platform of a multi-platform image (`convert` pushes an index of them,
+    /// `index` one index per manifest).
+    #[arg(long)]
+    all_platforms: bool,
+}
+
+impl PlatformArgs {
+    /// The platform asked for, or this machine's.
+    pub fn platform(&self) -> Platform {
+        self.platform.clone().unwrap_or_else(Platform::host)
+    }
+
+    pub fn all(&self) -> bool {
+        self.all_platforms
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct RegistryArgs {

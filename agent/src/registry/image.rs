@@ -43,6 +43,16 @@ pub struct PlatformImage {
     pub platform: Option<Platform>,
 }
 
+impl PlatformImage {
+    /// Its platform's name for people (`linux/amd64`), or `image` for a
+    /// single-manifest image.
+    pub fn label(&self) -> String {
+        self.platform
+            .as_ref()
+            .map_or_else(|| "image".to_string(), ToString::to_string)
+    }
+}
+
 /// What a reference resolved to.
 #[derive(Debug, Clone)]
 pub struct Resolved {
