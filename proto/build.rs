@@ -4,8 +4,9 @@
 //! - `proto/tessera/v1/tessera.proto`: Tessera's own (agent ↔ scheduler, agent ↔ agent).
 //! - containerd's snapshots service (`third_party/`, pinned, see its README): the agent
 //!   serves it as a proxy snapshotter.
-//! - with the `cri` feature, the Kubernetes CRI API (`third_party/k8s.io/cri-api`): the
-//!   tests and benchmarks pull images through containerd as the kubelet does.
+//! - the Kubernetes CRI API (`third_party/k8s.io/cri-api`): the agent's CRI image-service
+//!   proxy serves its image service and calls containerd's; the tests and benchmarks
+//!   pull images through it as the kubelet does.
 //!
 //! containerd's files and CRI's import gogo.proto under two names, so each set is
 //! compiled on its own (one descriptor set cannot hold the same extensions twice).
@@ -48,13 +49,11 @@ fn main() -> Result {
         true,
         false,
     )?;
-    if std::env::var_os("CARGO_FEATURE_CRI").is_some() {
-        compile(
-            &["k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"],
-            &["third_party"],
-            false,
-            false,
-        )?;
-    }
+    compile(
+        &["k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"],
+        &["third_party"],
+        true,
+        false,
+    )?;
     Ok(())
 }

@@ -48,6 +48,7 @@ pub struct AgentConfig {
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
     pub snapshotter: SnapshotterConfig,
+    pub cri: CriConfig,
     pub connections: ConnectionsConfig,
     #[serde(skip_serializing)]
     pub registry: RegistryConfig,
@@ -70,6 +71,34 @@ impl Default for SnapshotterConfig {
         SnapshotterConfig {
             socket: None,
             root: PathBuf::from("/var/lib/tessera/snapshotter"),
+        }
+    }
+}
+
+/// The CRI image-service proxy: the kubelet's `--image-service-endpoint` names its
+/// socket, every call goes on to containerd unchanged, and the credentials of each
+/// `PullImage` (the pod's pull secrets) stay in the agent's memory for that image's
+/// repository, for its lazy mounts.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriConfig {
+    /// Serve CRI's image service on this unix socket; off when unset.
+    pub listen: Option<PathBuf>,
+    /// containerd's socket, where every call goes on to.
+    pub containerd: PathBuf,
+    /// Keep the pulls' credentials across an agent restart in this file (opt-in; off
+    /// when unset): written only by root, readable only by root (mode 0600), as the
+    /// kubelet keeps `/var/lib/kubelet/config.json`. Not encrypted: the key would have
+    /// to sit on the same disk for the agent to read it after a restart.
+    pub credentials_file: Option<PathBuf>,
+}
+
+impl Default for CriConfig {
+    fn default() -> Self {
+        CriConfig {
+            listen: None,
+            containerd: PathBuf::from("/run/containerd/containerd.sock"),
+            credentials_file: None,
         }
     }
 }
@@ -427,6 +456,7 @@ impl Default for AgentConfig {
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
             snapshotter: SnapshotterConfig::default(),
+            cri: CriConfig::default(),
             connections: ConnectionsConfig::default(),
             registry: RegistryConfig::default(),
         }
@@ -467,6 +497,12 @@ impl AgentConfig {
         if c.idle_timeout_secs == 0 || c.max_age_secs == 0 || c.streams_per_connection == 0 {
             problems.push(
                 "connections: idle_timeout_secs, max_age_secs and streams_per_connection must be at least 1"
+                    .to_string(),
+            );
+        }
+        if self.cri.listen.is_some() && self.cri.listen.as_ref() == Some(&self.cri.containerd) {
+            problems.push(
+                "cri.listen: must not be containerd's own socket (cri.containerd); the kubelet's --image-service-endpoint names the agent's"
                     .to_string(),
             );
         }

@@ -16,6 +16,7 @@ pub mod cache;
 pub mod config;
 pub mod containerd;
 pub mod convert;
+pub mod cri;
 pub mod daemon;
 mod error;
 pub mod fetch;

@@ -47,7 +47,10 @@ enum Command {
     /// Work on the agent's chunk cache.
     #[command(subcommand)]
     Cache(commands::agent::CacheCommand),
-    /// Point containerd's registry hosts at the agent's mirror (hosts.toml files).
+    /// Configure containerd for the agent: its registry hosts pointed at the agent's
+    /// mirror (hosts.toml files), and with `--snapshotter-socket` its config file for
+    /// the agent's snapshotter (the proxy plugin, and CRI's snapshotter); `--undo`
+    /// reverts both.
     ContainerdConfig(commands::containerd::ContainerdConfigArgs),
     /// Hold the snapshotter's FUSE connections while the agent restarts (the agent
     /// starts it; it exits when it holds nothing).

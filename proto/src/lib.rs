@@ -37,9 +37,9 @@ pub mod containerd {
     pub use services::snapshots::v1 as snapshots;
 }
 
-/// The Kubernetes CRI API (`runtime.v1`, k8s.io/cri-api v0.27.1), for clients that
-/// act as the kubelet does (tests, benchmarks).
-#[cfg(feature = "cri")]
+/// The Kubernetes CRI API (`runtime.v1`, k8s.io/cri-api v0.27.1): the agent's CRI
+/// image-service proxy serves its image service in front of containerd's; tests and
+/// benchmarks act as the kubelet does with its client.
 #[allow(clippy::all, missing_debug_implementations, unused_qualifications)]
 pub mod cri {
     tonic::include_proto!("runtime.v1");

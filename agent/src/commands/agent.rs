@@ -106,13 +106,27 @@ pub struct AgentArgs {
     /// The mirror's upstream for requests that do not name one (default docker.io).
     #[arg(long, env = "TESSERA_MIRROR_DEFAULT_REGISTRY", value_name = "HOST")]
     mirror_default_registry: Option<String>,
-    /// Serve containerd's snapshots API on this unix socket (a proxy snapshotter; see
-    /// `tessera containerd-config --snapshotter`).
+    /// Serve containerd's snapshots API on this unix socket (a proxy snapshotter;
+    /// `tessera containerd-config --snapshotter-socket PATH` configures containerd
+    /// for it).
     #[arg(long, env = "TESSERA_SNAPSHOTTER_SOCKET", value_name = "PATH")]
     snapshotter_socket: Option<PathBuf>,
     /// The snapshotter's state: metadata, layers, containers' writable layers.
     #[arg(long, env = "TESSERA_SNAPSHOTTER_ROOT", value_name = "DIR")]
     snapshotter_root: Option<PathBuf>,
+    /// Serve CRI's image service on this unix socket, in front of containerd's: point
+    /// the kubelet's `--image-service-endpoint` at it, and the credentials of its pulls
+    /// (pods' `imagePullSecrets`) reach the agent's lazy mounts (kept in memory only).
+    #[arg(long, env = "TESSERA_CRI_LISTEN", value_name = "PATH")]
+    cri_listen: Option<PathBuf>,
+    /// containerd's socket, where the CRI proxy passes every call on to (default
+    /// /run/containerd/containerd.sock).
+    #[arg(long, env = "TESSERA_CRI_CONTAINERD", value_name = "PATH")]
+    cri_containerd: Option<PathBuf>,
+    /// Keep the CRI pulls' credentials across restarts in this root-only file
+    /// (opt-in; off by default: they live in memory only).
+    #[arg(long, env = "TESSERA_CRI_CREDENTIALS_FILE", value_name = "FILE")]
+    cri_credentials_file: Option<PathBuf>,
     /// Turn peer-to-peer off: every chunk from cache or origin (for comparisons).
     #[arg(long, env = "TESSERA_NO_P2P")]
     no_p2p: bool,
@@ -176,6 +190,15 @@ impl AgentArgs {
         }
         if let Some(v) = &self.snapshotter_root {
             c.snapshotter.root = v.clone();
+        }
+        if let Some(v) = &self.cri_listen {
+            c.cri.listen = Some(v.clone());
+        }
+        if let Some(v) = &self.cri_containerd {
+            c.cri.containerd = v.clone();
+        }
+        if let Some(v) = &self.cri_credentials_file {
+            c.cri.credentials_file = Some(v.clone());
         }
         let p = &mut c.p2p;
         for (key, flag) in [

@@ -1,4 +1,5 @@
-//! `tessera containerd-config`: containerd's hosts files pointing at the agent's mirror.
+//! `tessera containerd-config`: containerd's hosts files pointing at the agent's mirror,
+//! and containerd's config file using the agent's snapshotter.
 
 use std::path::PathBuf;
 

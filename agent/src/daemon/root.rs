@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, UnixListener};
 use super::mounts::ImageTree;
 use super::{local_api, serve_metrics, Agent};
 use crate::config::AgentConfig;
+use crate::cri::{self, CriProxy};
 use crate::fs::handover::{Attach, Keeper};
 use crate::registry::client::{ClientOptions, RegistryClient};
 use crate::registry::credentials::{default_auth_file, DockerConfig};
@@ -149,6 +150,22 @@ pub async fn run(
         });
         tracing::info!(socket = %socket.display(), "containerd snapshotter ready");
     }
+    // After the snapshotter: a pull the kubelet sends through the proxy mounts layers.
+    if let Some(socket) = &config.cri.listen {
+        let proxy = CriProxy::new(
+            &config.cri.containerd,
+            agent.registry_client().clone(),
+            config.cri.credentials_file.as_deref(),
+        )?;
+        let listener = bind_unix(socket)?;
+        let gate = limits.gate("cri");
+        servers.spawn(async move {
+            if let Err(e) = cri::serve(Arc::new(proxy), listener, gate).await {
+                tracing::error!(error = %e, "the CRI image service proxy stopped");
+            }
+        });
+        tracing::info!(socket = %socket.display(), containerd = %config.cri.containerd.display(), "CRI image service proxy ready");
+    }
     tracing::info!(socket = %config.socket.display(), "agent ready");
     // The daemon's two lines for people on its console, whatever the log level.
     eprintln!("tessera agent: listening on {}", config.socket.display());
@@ -162,7 +179,10 @@ pub async fn run(
     agent.finish_reads(grace).await;
     agent.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
-    if let Some(socket) = &config.snapshotter.socket {
+    for socket in [&config.snapshotter.socket, &config.cri.listen]
+        .into_iter()
+        .flatten()
+    {
         let _ = std::fs::remove_file(socket);
     }
     Ok(())

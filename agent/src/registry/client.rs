@@ -45,6 +45,8 @@ pub enum Credential {
     },
     /// An OAuth2 refresh token (`identitytoken` in docker's config.json).
     IdentityToken(String),
+    /// A bearer token sent to the registry as it is (CRI's `registry_token`).
+    RegistryToken(String),
 }
 
 impl std::fmt::Debug for Credential {
@@ -52,6 +54,7 @@ impl std::fmt::Debug for Credential {
         f.write_str(match self {
             Credential::Basic { .. } => "Credential::Basic(<redacted>)",
             Credential::IdentityToken(_) => "Credential::IdentityToken(<redacted>)",
+            Credential::RegistryToken(_) => "Credential::RegistryToken(<redacted>)",
         })
     }
 }
@@ -116,9 +119,32 @@ impl std::fmt::Debug for Token {
 pub struct RegistryClient {
     http: reqwest::Client,
     opts: ClientOptions,
-    /// `Authorization` values by (registry, scope), so requests after the first do not
+    /// Credentials that pulls brought for one repository (the kubelet's pull secrets,
+    /// through the CRI proxy), by (registry, repository): used for that repository's
+    /// reads before the node's own, never for a forwarded request. Memory only.
+    pull_credentials: Mutex<HashMap<(String, String), Credential>>,
+    /// `Authorization` values by who obtained them, so requests after the first do not
     /// each start with a 401.
-    tokens: Mutex<HashMap<(String, String), Token>>,
+    tokens: Mutex<HashMap<TokenKey, Token>>,
+}
+
+/// What a cached `Authorization` value was obtained for: a registry, a scope, and
+/// whether with a pull's credentials (a token one pull's credentials earned is never
+/// used for a request that must go with the node's own or a mirror client's).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct TokenKey {
+    registry: String,
+    scope: String,
+    pulled: bool,
+}
+
+/// Which credentials answer a request's challenge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    /// The node's own (`ClientOptions::credentials`).
+    Node,
+    /// A pull's, kept for the request's repository.
+    Pulled,
 }
 
 /// The parts of a `WWW-Authenticate` challenge a client needs.
@@ -187,8 +213,75 @@ impl RegistryClient {
         Ok(RegistryClient {
             http,
             opts,
+            pull_credentials: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Keeps `credential` for reads of `r`'s repository (a CRI pull's), replacing the
+    /// one kept before, which is returned; tokens obtained for that repository are
+    /// forgotten, so the next request authenticates with the new one.
+    pub fn keep_pull_credential(
+        &self,
+        r: &Reference,
+        credential: Option<Credential>,
+    ) -> Option<Credential> {
+        let key = (r.registry.clone(), r.repository.clone());
+        let previous = {
+            let mut kept = self
+                .pull_credentials
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match credential {
+                Some(c) => kept.insert(key, c),
+                None => kept.remove(&key),
+            }
+        };
+        let named = format!("repository:{}:", r.repository);
+        self.tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| !(k.pulled && k.registry == r.registry && k.scope.contains(&named)));
+        previous
+    }
+
+    /// The pulls' credentials kept, by (registry, repository): for the opt-in file
+    /// that keeps them across a restart.
+    pub fn pull_credentials(&self) -> Vec<((String, String), Credential)> {
+        self.pull_credentials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Whose credentials answer a request for `r`: a pull's kept for its repository,
+    /// else the node's; a forwarded request only ever gets the node's.
+    fn identity(&self, r: &Reference, forwarded: bool) -> Identity {
+        let pulled = !forwarded
+            && self
+                .pull_credentials
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&(r.registry.clone(), r.repository.clone()));
+        if pulled {
+            Identity::Pulled
+        } else {
+            Identity::Node
+        }
+    }
+
+    fn credential(&self, r: &Reference, identity: Identity) -> Option<Credential> {
+        match identity {
+            Identity::Node => self.opts.credentials.get(&r.registry).cloned(),
+            Identity::Pulled => self
+                .pull_credentials
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(r.registry.clone(), r.repository.clone()))
+                .cloned(),
+        }
     }
 
     /// Whether to speak plain HTTP to this registry.
@@ -253,21 +346,21 @@ impl RegistryClient {
         }
     }
 
-    /// The `Authorization` value last obtained for this registry and scope, unless expired.
-    fn cached_auth(&self, registry: &str, scope: &str) -> Option<String> {
+    /// The `Authorization` value last obtained for this key, unless expired.
+    fn cached_auth(&self, key: &TokenKey) -> Option<String> {
         let tokens = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         tokens
-            .get(&(registry.to_string(), scope.to_string()))
+            .get(key)
             .filter(|t| t.expires > Instant::now())
             .map(|t| t.value.clone())
     }
 
-    fn remember(&self, registry: &str, scope: &str, value: &str, life: Duration) {
+    fn remember(&self, key: &TokenKey, value: &str, life: Duration) {
         self.tokens
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(
-                (registry.to_string(), scope.to_string()),
+                key.clone(),
                 Token {
                     value: value.to_string(),
                     expires: Instant::now() + life,
@@ -275,22 +368,40 @@ impl RegistryClient {
             );
     }
 
-    /// Answers a challenge: a bearer token from the realm, or basic credentials.
+    fn token_key(r: &Reference, scope: &str, identity: Identity) -> TokenKey {
+        TokenKey {
+            registry: r.registry.clone(),
+            scope: scope.to_string(),
+            pulled: identity == Identity::Pulled,
+        }
+    }
+
+    /// Answers a challenge with `identity`'s credentials: a bearer token from the
+    /// realm, or basic credentials.
     async fn authenticate(
         &self,
         r: &Reference,
         challenge: &Challenge,
         scope: &str,
+        identity: Identity,
     ) -> Result<String, Error> {
-        let cred = self.opts.credentials.get(&r.registry);
+        let cred = self.credential(r, identity);
+        let cred = cred.as_ref();
+        let key = Self::token_key(r, scope, identity);
         let err = self.error(r, "authenticate");
+        if let Some(Credential::RegistryToken(token)) = cred {
+            // Sent as it is, whatever the challenge; it lasts as long as the pull's.
+            let value = format!("Bearer {token}");
+            self.remember(&key, &value, Duration::from_secs(3600));
+            return Ok(value);
+        }
         if challenge.scheme == "basic" {
             return match cred {
                 Some(Credential::Basic { username, password }) => {
                     let value =
                         format!("Basic {}", BASE64.encode(format!("{username}:{password}")));
                     // Basic credentials do not expire; the hour only bounds the cache.
-                    self.remember(&r.registry, scope, &value, Duration::from_secs(3600));
+                    self.remember(&key, &value, Duration::from_secs(3600));
                     Ok(value)
                 }
                 _ => Err(err(
@@ -325,7 +436,7 @@ impl RegistryClient {
                     ("client_id", "tessera"),
                 ])
             }
-            None => req,
+            Some(Credential::RegistryToken(_)) | None => req,
         };
         if !matches!(cred, Some(Credential::IdentityToken(_))) {
             req = req.query(&query);
@@ -365,7 +476,7 @@ impl RegistryClient {
             Duration::from_millis(secs * 750)
         };
         let value = format!("Bearer {value}");
-        self.remember(&r.registry, scope, &value, life);
+        self.remember(&key, &value, life);
         Ok(value)
     }
 
@@ -374,11 +485,13 @@ impl RegistryClient {
     async fn send(&self, r: &Reference, req: Request<'_>) -> Result<Response, Error> {
         let err = self.error(r, req.what);
         let node_credentials = self.opts.credentials.contains_key(&r.registry);
+        let identity = self.identity(r, req.forwarded.is_some());
+        let key = Self::token_key(r, &req.scope, identity);
         let mut auth: Option<String> = match &req.forwarded {
             Some(Some(client)) => Some(client.clone()),
             // A forwarded request without credentials may use the node's own, if any.
             Some(None) if !node_credentials => None,
-            _ => self.cached_auth(&r.registry, &req.scope),
+            _ => self.cached_auth(&key),
         };
         let mut authenticated_once = false;
         let mut attempt = 0u32;
@@ -425,8 +538,11 @@ impl RegistryClient {
                     self.tokens
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .remove(&(r.registry.clone(), req.scope.clone()));
-                    auth = Some(self.authenticate(r, &challenge, &req.scope).await?);
+                        .remove(&key);
+                    auth = Some(
+                        self.authenticate(r, &challenge, &req.scope, identity)
+                            .await?,
+                    );
                     authenticated_once = true;
                 }
                 Ok(resp)

@@ -2,17 +2,25 @@
 //! containerd's unix socket): images pulled as the kubelet pulls them. `crictl` is not
 //! to be had from the package registries here.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tessera_proto::cri::image_service_client::ImageServiceClient;
-use tessera_proto::cri::{ImageSpec, PullImageRequest};
+use tessera_proto::cri::{AuthConfig, ImageSpec, PullImageRequest};
 
 use super::containerd::Containerd;
 
 /// `runtime.v1.ImageService/PullImage` on containerd's socket, as the kubelet calls it;
 /// returns the image id containerd answers with.
 pub fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, String> {
-    let socket = containerd.socket.clone();
+    cri_pull_at(&containerd.socket, image, None)
+}
+
+/// `PullImage` on the image service at `socket` (containerd's, or the agent's proxy of
+/// it), with the pull secret's `auth` if given, as the kubelet sends a pod's
+/// `imagePullSecrets`.
+pub fn cri_pull_at(socket: &Path, image: &str, auth: Option<AuthConfig>) -> Result<String, String> {
+    let socket = socket.to_path_buf();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -35,6 +43,7 @@ pub fn cri_pull(containerd: &Containerd, image: &str) -> Result<String, String> 
                 image: image.to_string(),
                 ..ImageSpec::default()
             }),
+            auth,
             ..PullImageRequest::default()
         };
         let answer = tokio::time::timeout(Duration::from_secs(120), client.pull_image(request))
