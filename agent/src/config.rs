@@ -151,6 +151,12 @@ pub struct MirrorConfig {
     pub access_ttl_secs: u64,
     /// How long a manifest fetched by digest is kept (per credential).
     pub manifest_ttl_secs: u64,
+    /// Tags are resolved at the upstream on every pull (a tag can move). With this set,
+    /// while the upstream cannot be reached (no connection, or a 5xx after retries),
+    /// the mirror answers from what it last said to the same credential within this
+    /// many seconds: a tag's digest, manifests by digest, its yes to reading a blob. So
+    /// nodes start from the swarm while the registry is down. 0: off.
+    pub last_known_secs: u64,
 }
 
 impl Default for MirrorConfig {
@@ -161,6 +167,7 @@ impl Default for MirrorConfig {
             max_wait_secs: 300,
             access_ttl_secs: 60,
             manifest_ttl_secs: 300,
+            last_known_secs: 0,
         }
     }
 }

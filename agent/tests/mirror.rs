@@ -8,6 +8,7 @@
 mod support;
 
 use support::mirror::{metric, BedOptions, MirrorBed, MirrorNode, MIRROR};
+use support::oci::{build_files_image, pseudo_random, TAG};
 use support::registry::Auth;
 use support::swarm::wait_registered;
 
@@ -324,6 +325,91 @@ fn private_images_need_credentials_even_when_peers_hold_them() {
             "the basic credential is in the {what}"
         );
     }
+}
+
+/// The digest the mirror on `node` resolves the image's tag to.
+fn tag_digest(node: &MirrorNode, bed: &MirrorBed) -> String {
+    let (status, head, _) = curl(
+        node,
+        bed,
+        &format!("manifests/{TAG}"),
+        &[
+            "-I",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ],
+    );
+    assert_eq!(status, 200, "{head}");
+    head.lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("docker-content-digest:")
+                .map(|d| d.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no digest in {head}"))
+}
+
+/// A tag that moves in the registry is resolved again at the next pull. With
+/// `--mirror-last-known-secs`, a node whose registry is down still pulls the tag's
+/// last known image from what the swarm holds (here its own cache); without it, the
+/// pull fails, as it would without the mirror.
+#[test]
+fn tags_are_resolved_at_every_pull_and_the_last_known_serves_while_the_registry_is_down() {
+    let mut bed = bed(false, Auth::None);
+    let node = bed.node(&["--mirror-last-known-secs", "600"]);
+    let plain = bed.node(&[]);
+    bed.pull_ok(&node, None);
+    let first = tag_digest(&node, &bed);
+
+    // The tag moves: a different image pushed under it.
+    let moved = bed.t.path().join("moved");
+    build_files_image(
+        &moved,
+        "amd64",
+        &[vec![("moved/data.bin", pseudo_random(300_000, 4242))]],
+    );
+    bed.registry.push_layout(&moved, TAG, "plain/app");
+    let second = tag_digest(&node, &bed);
+    assert_ne!(first, second, "the mirror answered the tag's old digest");
+    bed.pull_ok(&node, None);
+    bed.pull_ok(&plain, None);
+    let listed = node.containerd.ctr_ok(&["image", "ls"]);
+    assert!(
+        listed.contains(&second),
+        "ctr pulled the moved tag: {listed}"
+    );
+
+    // The registry goes down. A new containerd on each node pulls the tag again.
+    bed.registry.stop();
+    let fresh = |n: &MirrorNode, name: &str| {
+        support::containerd::Containerd::start_in(&n.agent.dir.join(name), &n.host)
+    };
+    let node = MirrorNode {
+        containerd: fresh(&node, "containerd-down"),
+        agent: node.agent,
+        host: node.host,
+    };
+    bed.pull_ok(&node, None);
+    let listed = node.containerd.ctr_ok(&["image", "ls"]);
+    assert!(listed.contains(&second), "the last known digest: {listed}");
+    assert!(
+        metric(
+            &node.agent.metrics(),
+            "tessera_agent_mirror_last_known_answers_total"
+        ) > 0.0,
+        "{}",
+        node.agent.metrics()
+    );
+    let plain = MirrorNode {
+        containerd: fresh(&plain, "containerd-down"),
+        agent: plain.agent,
+        host: plain.host,
+    };
+    let out = bed.pull(&plain, None);
+    assert!(
+        !out.status.success(),
+        "without the knob, a pull while the registry is down fails"
+    );
 }
 
 fn base64_encode(s: &str) -> String {

@@ -106,6 +106,11 @@ pub struct AgentArgs {
     /// The mirror's upstream for requests that do not name one (default docker.io).
     #[arg(long, env = "TESSERA_MIRROR_DEFAULT_REGISTRY", value_name = "HOST")]
     mirror_default_registry: Option<String>,
+    /// While the registry cannot be reached, let the mirror answer from what it said
+    /// within this many seconds (a tag's last known digest, manifests, access to
+    /// blobs), so nodes start from the swarm; 0 (the default): off.
+    #[arg(long, env = "TESSERA_MIRROR_LAST_KNOWN_SECS", value_name = "SECS")]
+    mirror_last_known_secs: Option<u64>,
     /// Serve containerd's snapshots API on this unix socket (a proxy snapshotter;
     /// `tessera containerd-config --snapshotter-socket PATH` configures containerd
     /// for it).
@@ -181,6 +186,9 @@ impl AgentArgs {
         }
         if let Some(v) = &self.mirror_listen {
             c.mirror.listen = Some(v.clone());
+        }
+        if let Some(v) = self.mirror_last_known_secs {
+            c.mirror.last_known_secs = v;
         }
         if let Some(v) = &self.mirror_default_registry {
             c.mirror.default_registry = v.clone();

@@ -40,13 +40,16 @@ pub struct AccessKey {
 #[derive(Debug)]
 pub struct AccessCache {
     ttl: Duration,
+    /// How long a yes is kept at all (at least `ttl`; longer for `allowed_within`).
+    keep: Duration,
     allowed: Mutex<HashMap<AccessKey, (u64, Instant)>>,
 }
 
 impl AccessCache {
-    pub fn new(ttl: Duration) -> Self {
+    pub fn new(ttl: Duration, keep: Duration) -> Self {
         AccessCache {
             ttl,
+            keep,
             allowed: Mutex::new(HashMap::new()),
         }
     }
@@ -60,10 +63,20 @@ impl AccessCache {
             .map(|(size, _)| *size)
     }
 
+    /// The blob's size if this access was allowed within `within` (longer than the
+    /// ttl: `mirror.last_known_secs`, while the upstream cannot be asked).
+    pub fn allowed_within(&self, key: &AccessKey, now: Instant, within: Duration) -> Option<u64> {
+        let allowed = self.allowed.lock().unwrap_or_else(|p| p.into_inner());
+        allowed
+            .get(key)
+            .filter(|(_, at)| now.duration_since(*at) < within)
+            .map(|(size, _)| *size)
+    }
+
     pub fn allow(&self, key: AccessKey, size: u64, now: Instant) {
         let mut allowed = self.allowed.lock().unwrap_or_else(|p| p.into_inner());
         if allowed.len() >= MAX_ENTRIES {
-            let ttl = self.ttl;
+            let ttl = self.ttl.max(self.keep);
             allowed.retain(|_, (_, at)| now.duration_since(*at) < ttl);
             if allowed.len() >= MAX_ENTRIES {
                 allowed.clear();
@@ -88,7 +101,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_per_credential_and_repository_and_expires() {
-        let cache = AccessCache::new(Duration::from_secs(60));
+        let cache = AccessCache::new(Duration::from_secs(60), Duration::ZERO);
         let now = Instant::now();
         cache.allow(key(Some("Basic a"), "private"), 42, now);
         assert_eq!(
@@ -100,5 +113,15 @@ mod tests {
         assert_eq!(cache.allowed(&key(Some("Basic a"), "public"), now), None);
         let later = now + Duration::from_secs(61);
         assert_eq!(cache.allowed(&key(Some("Basic a"), "private"), later), None);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            cache.allowed_within(&key(Some("Basic a"), "private"), later, hour),
+            Some(42),
+            "kept longer for an upstream that cannot be reached"
+        );
+        assert_eq!(
+            cache.allowed_within(&key(None, "private"), later, hour),
+            None
+        );
     }
 }

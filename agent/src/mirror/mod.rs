@@ -19,6 +19,13 @@
 //! - When the swarm cannot help (P2P off, the scheduler down, no peer), blobs stream
 //!   straight from the upstream, verified on the way: a node never loses the ability
 //!   to pull.
+//! - Tags are resolved at the upstream on every request (a tag can move). Only with
+//!   `mirror.last_known_secs` set, and only while the upstream cannot be reached (no
+//!   connection, or a 5xx after the client's retries), does the mirror answer from
+//!   what the upstream last told the same credential within that time: the tag's
+//!   digest, the manifest by digest, its yes to reading a blob. Nodes then start from
+//!   the swarm while the registry is down; a credential the registry never accepted
+//!   still gets nothing.
 
 mod access;
 mod blob;
@@ -83,12 +90,24 @@ pub struct Mirror {
     access: AccessCache,
     /// Manifests by (credential, registry, repository, digest): media type and bytes.
     manifests: Mutex<HashMap<ManifestKey, (String, Bytes, Instant)>>,
+    /// What each tag last resolved to, by (credential, registry, repository, tag):
+    /// for `mirror.last_known_secs`.
+    tags: Mutex<HashMap<ManifestKey, KnownTag>>,
     /// Requests answered since start.
     answered: std::sync::atomic::AtomicU64,
     pub metrics: MirrorMetrics,
 }
 
 type ManifestKey = ([u8; 32], String, String, String);
+
+/// A tag's answer from the upstream: the manifest's digest, media type and size.
+#[derive(Debug, Clone)]
+struct KnownTag {
+    digest: String,
+    media: String,
+    len: u64,
+    at: Instant,
+}
 
 /// Where a request goes upstream, and with what credentials.
 #[derive(Debug, Clone)]
@@ -111,6 +130,9 @@ pub struct MirrorMetrics {
     pub verification_failures: Family<SourceLabel, Counter>,
     /// Responses cut off because a blob failed its digest (containerd retries).
     pub aborted: Counter,
+    /// Answers given from what the upstream said earlier, because it could not be
+    /// reached (`mirror.last_known_secs`).
+    pub last_known: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -140,6 +162,11 @@ impl MirrorMetrics {
             "tessera_agent_mirror_aborted_responses",
             "Mirror responses cut off because the blob failed its digest",
             self.aborted.clone(),
+        );
+        registry.register(
+            "tessera_agent_mirror_last_known_answers",
+            "Answers (a tag's digest, a manifest, a blob's access) the mirror gave from what the upstream said earlier, because it could not be reached",
+            self.last_known.clone(),
         );
     }
 }
@@ -273,13 +300,17 @@ impl Mirror {
         config: MirrorConfig,
     ) -> Self {
         Mirror {
-            access: AccessCache::new(Duration::from_secs(config.access_ttl_secs)),
+            access: AccessCache::new(
+                Duration::from_secs(config.access_ttl_secs),
+                Duration::from_secs(config.last_known_secs),
+            ),
             origin,
             fetcher,
             tables,
             network,
             config,
             manifests: Mutex::new(HashMap::new()),
+            tags: Mutex::new(HashMap::new()),
             answered: Default::default(),
             metrics: MirrorMetrics::default(),
         }
@@ -473,32 +504,10 @@ impl Mirror {
             t.r.repository.clone(),
             reference.to_string(),
         );
+        let ttl = Duration::from_secs(self.config.manifest_ttl_secs);
         if by_digest {
-            let hit = self
-                .manifests
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&key)
-                .filter(|(_, _, at)| {
-                    at.elapsed() < Duration::from_secs(self.config.manifest_ttl_secs)
-                })
-                .map(|(media, bytes, _)| (media.clone(), bytes.clone()));
-            if let Some((media, bytes)) = hit {
-                let mut headers = HeaderMap::new();
-                if let Ok(v) = HeaderValue::from_str(&media) {
-                    headers.insert(CONTENT_TYPE, v);
-                }
-                if let Ok(v) = HeaderValue::from_str(reference) {
-                    headers.insert(DOCKER_CONTENT_DIGEST, v);
-                }
-                if head {
-                    headers.insert(
-                        hyper::header::CONTENT_LENGTH,
-                        HeaderValue::from(bytes.len()),
-                    );
-                    return empty(StatusCode::OK, headers);
-                }
-                return full(StatusCode::OK, headers, bytes);
+            if let Some(kept) = self.kept_manifest(&key, head, ttl) {
+                return kept;
             }
         }
         let mut headers = HeaderMap::new();
@@ -509,7 +518,10 @@ impl Mirror {
             headers.insert(ACCEPT, HeaderValue::from_static(MANIFEST_MEDIA_TYPES));
         }
         let tail = format!("manifests/{reference}");
-        if head || !by_digest {
+        if !by_digest {
+            return self.tag(t, key, head, headers).await;
+        }
+        if head {
             return self.relay(t, &tail, head, headers).await;
         }
         let resp = match self
@@ -517,8 +529,18 @@ impl Mirror {
             .forward(&t.r, Method::GET, &tail, headers, t.auth.clone())
             .await
         {
-            Ok(r) => r,
-            Err(e) => return error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
+            Ok(r) if !r.status().is_server_error() => r,
+            unreachable => {
+                let last_known = Duration::from_secs(self.config.last_known_secs);
+                if let Some(kept) = self.kept_manifest(&key, head, last_known) {
+                    self.metrics.last_known.inc();
+                    return kept;
+                }
+                return match unreachable {
+                    Ok(r) => empty(r.status(), relayed(r.headers())),
+                    Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
+                };
+            }
         };
         let status = resp.status();
         let headers = relayed(resp.headers());
@@ -541,15 +563,139 @@ impl Mirror {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            let mut cache = self.manifests.lock().unwrap_or_else(|p| p.into_inner());
-            if cache.len() >= MAX_MANIFESTS {
-                cache.clear();
-            }
-            cache.insert(key, (media, body.clone(), Instant::now()));
+            self.keep_manifest(key, media, body.clone());
         }
         let mut headers = headers;
         headers.remove(hyper::header::CONTENT_LENGTH);
         full(status, headers, body)
+    }
+
+    fn keep_manifest(&self, key: ManifestKey, media: String, body: Bytes) {
+        let mut cache = self.manifests.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= MAX_MANIFESTS {
+            cache.clear();
+        }
+        cache.insert(key, (media, body, Instant::now()));
+    }
+
+    /// The answer from the manifests kept by digest, if one is younger than `within`.
+    fn kept_manifest(&self, key: &ManifestKey, head: bool, within: Duration) -> Option<Response> {
+        let (media, bytes) = self
+            .manifests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .filter(|(_, _, at)| at.elapsed() < within)
+            .map(|(media, bytes, _)| (media.clone(), bytes.clone()))?;
+        let headers = manifest_headers(&media, &key.3, bytes.len() as u64);
+        Some(if head {
+            empty(StatusCode::OK, headers)
+        } else {
+            let mut headers = headers;
+            headers.remove(hyper::header::CONTENT_LENGTH);
+            full(StatusCode::OK, headers, bytes)
+        })
+    }
+
+    /// A manifest by tag: always resolved at the upstream; what it said is remembered
+    /// (and a GET's manifest kept by digest) for `mirror.last_known_secs`, which answers
+    /// in its place only while it cannot be reached.
+    async fn tag(&self, t: &Target, key: ManifestKey, head: bool, headers: HeaderMap) -> Response {
+        let method = if head { Method::HEAD } else { Method::GET };
+        let tail = format!("manifests/{}", key.3);
+        let resp = match self
+            .origin
+            .forward(&t.r, method, &tail, headers, t.auth.clone())
+            .await
+        {
+            Ok(r) if !r.status().is_server_error() => r,
+            unreachable => {
+                if let Some(kept) = self.last_known_tag(&key, head) {
+                    tracing::info!(registry = %t.r.registry, repository = %t.r.repository, tag = %key.3, "the upstream cannot be reached: answering with the tag's last known digest");
+                    self.metrics.last_known.inc();
+                    return kept;
+                }
+                return match unreachable {
+                    Ok(r) => empty(r.status(), relayed(r.headers())),
+                    Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
+                };
+            }
+        };
+        let status = resp.status();
+        let mut headers = relayed(resp.headers());
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let media = header("content-type").unwrap_or_default();
+        let said_digest = header(DOCKER_CONTENT_DIGEST.as_str());
+        let said_len = header("content-length").and_then(|l| l.parse::<u64>().ok());
+        let body = if head {
+            None
+        } else {
+            match read_bounded(resp).await {
+                Ok(body) => Some(body),
+                Err(e) => return error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e),
+            }
+        };
+        if status == StatusCode::OK && self.config.last_known_secs > 0 {
+            let known = match &body {
+                Some(b) => Some((
+                    format!("sha256:{}", hex::encode(Sha256::digest(b))),
+                    b.len() as u64,
+                )),
+                None => said_digest.zip(said_len),
+            };
+            if let Some((digest, len)) = known {
+                if let Some(b) = &body {
+                    let by_digest = (key.0, key.1.clone(), key.2.clone(), digest.clone());
+                    self.keep_manifest(by_digest, media.clone(), b.clone());
+                }
+                let mut tags = self.tags.lock().unwrap_or_else(|p| p.into_inner());
+                if tags.len() >= MAX_MANIFESTS {
+                    tags.clear();
+                }
+                tags.insert(
+                    key,
+                    KnownTag {
+                        digest,
+                        media,
+                        len,
+                        at: Instant::now(),
+                    },
+                );
+            }
+        }
+        match body {
+            None => empty(status, headers),
+            Some(body) => {
+                headers.remove(hyper::header::CONTENT_LENGTH);
+                full(status, headers, body)
+            }
+        }
+    }
+
+    /// What the upstream last said of a tag to this credential, within
+    /// `mirror.last_known_secs`: a HEAD's answer, or a GET's with the manifest kept.
+    fn last_known_tag(&self, key: &ManifestKey, head: bool) -> Option<Response> {
+        let within = Duration::from_secs(self.config.last_known_secs);
+        let known = self
+            .tags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .filter(|k| k.at.elapsed() < within)
+            .cloned()?;
+        if head {
+            return Some(empty(
+                StatusCode::OK,
+                manifest_headers(&known.media, &known.digest, known.len),
+            ));
+        }
+        let by_digest = (key.0, key.1.clone(), key.2.clone(), known.digest);
+        self.kept_manifest(&by_digest, false, within)
     }
 
     /// Relays a small document (manifest by tag, tag list) or its HEAD from the
@@ -575,6 +721,19 @@ impl Mirror {
             Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e),
         }
     }
+}
+
+/// A manifest's headers: media type, digest, length.
+fn manifest_headers(media: &str, digest: &str, len: u64) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(media) {
+        headers.insert(CONTENT_TYPE, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(digest) {
+        headers.insert(DOCKER_CONTENT_DIGEST, v);
+    }
+    headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(len));
+    headers
 }
 
 /// Reads an upstream body of at most [`MAX_DOCUMENT`] bytes.

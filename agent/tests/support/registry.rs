@@ -132,6 +132,12 @@ impl Registry {
         registry
     }
 
+    /// Stops the registry (as an outage would): requests to it are refused from now on.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Body bytes the registry's access log says it sent for blob GETs answered with
     /// `status` (206: the Range requests chunks are fetched with).
     pub fn blob_bytes_sent(&self, status: u16) -> u64 {
