@@ -52,6 +52,9 @@ enum Command {
     /// the agent's snapshotter (the proxy plugin, and CRI's snapshotter); `--undo`
     /// reverts both.
     ContainerdConfig(commands::containerd::ContainerdConfigArgs),
+    /// Work on the containerd snapshotter's state on this node.
+    #[command(subcommand)]
+    Snapshotter(commands::agent::SnapshotterCommand),
     /// Hold the snapshotter's FUSE connections while the agent restarts (the agent
     /// starts it; it exits when it holds nothing).
     #[command(hide = true)]
@@ -80,6 +83,7 @@ fn main() {
         Command::Status(args) => commands::agent::status(args),
         Command::Cache(command) => commands::agent::cache(command),
         Command::ContainerdConfig(args) => commands::containerd::containerd_config(args),
+        Command::Snapshotter(command) => commands::agent::snapshotter(command),
         Command::FuseKeeper(args) => commands::agent::fuse_keeper(args),
     };
     if let Err(err) = result {

@@ -271,6 +271,51 @@ fn private_image_pulled_through_the_cri_proxy_mounts_lazily_with_the_pods_creden
             file.display()
         );
     }
+
+    // Uninstalling: the agent stops and its snapshotter mounts stay for the next one
+    // (held by the FUSE keeper); `tessera snapshotter clean --remove` leaves nothing
+    // mounted or running.
     drop(containerd);
-    drop(agent);
+    let mut agent = agent;
+    agent.stop();
+    let root = agent_dir.join("snapshotter");
+    assert!(
+        support::agent::is_mounted(&mountpoint),
+        "the snapshotter's mount outlives the agent"
+    );
+    let out = support::tessera()
+        .args(["snapshotter", "clean", "--json", "--remove", "--root"])
+        .arg(&root)
+        .arg("--socket")
+        .arg(&snap_socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "snapshotter clean: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        summary["unmounted"].as_array().unwrap().len(),
+        1,
+        "{summary}"
+    );
+    assert_eq!(summary["keeper_stopped"], true, "{summary}");
+    assert_eq!(summary["removed"], true, "{summary}");
+    assert!(!root.exists());
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !table.contains(agent_dir.to_str().unwrap()),
+        "still mounted under the agent's dir:\n{table}"
+    );
+    let keepers = std::process::Command::new("pgrep")
+        .args(["-f", &format!("fuse-keeper --socket {}", root.display())])
+        .output()
+        .unwrap();
+    assert!(
+        keepers.stdout.is_empty(),
+        "a FUSE keeper still runs: {}",
+        String::from_utf8_lossy(&keepers.stdout)
+    );
 }

@@ -467,6 +467,97 @@ pub struct FuseKeeperArgs {
     stay: bool,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum SnapshotterCommand {
+    /// After the agent stopped: detach the image mounts it left for its next start
+    /// (lazily; a plain `umount` of such a mount can hang), let the FUSE keeper exit,
+    /// and with `--remove` delete the snapshotter's root. Leaves nothing mounted or
+    /// running. Refuses while an agent serves the socket, and `--remove` while a
+    /// container runs on one of its layers.
+    Clean(SnapshotterCleanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotterCleanArgs {
+    /// The snapshotter's root (the agent's `--snapshotter-root`).
+    #[arg(
+        long,
+        default_value = "/var/lib/tessera/snapshotter",
+        value_name = "DIR"
+    )]
+    root: PathBuf,
+    /// The snapshotter's socket (the agent's `--snapshotter-socket`): nothing may
+    /// answer on it.
+    #[arg(
+        long,
+        default_value = "/run/tessera/snapshotter.sock",
+        value_name = "PATH"
+    )]
+    socket: PathBuf,
+    /// Also delete the root: containerd's snapshots on it are gone (remove the images
+    /// from containerd too, or reinstall the snapshotter before the next pull).
+    #[arg(long)]
+    remove: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct CleanSummary {
+    root: PathBuf,
+    #[serde(flatten)]
+    cleaned: tessera_agent::snapshotter::clean::Cleaned,
+}
+
+impl std::fmt::Display for CleanSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.cleaned;
+        writeln!(
+            f,
+            "snapshotter {}: {} image mounts detached",
+            self.root.display(),
+            c.unmounted.len()
+        )?;
+        if c.keeper_stopped {
+            writeln!(f, "the FUSE keeper exited")?;
+        }
+        if c.keeper_stays {
+            writeln!(
+                f,
+                "the FUSE keeper runs on (--stay: a container of its own) and holds nothing"
+            )?;
+        }
+        if !c.in_use.is_empty() {
+            writeln!(
+                f,
+                "{} mounts of running containers left under it",
+                c.in_use.len()
+            )?;
+        }
+        if c.removed {
+            writeln!(f, "removed {}", self.root.display())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn snapshotter(command: SnapshotterCommand) -> Result<()> {
+    match command {
+        SnapshotterCommand::Clean(args) => {
+            let cleaned =
+                tessera_agent::snapshotter::clean::clean(&args.root, &args.socket, args.remove)?;
+            print_summary(
+                &CleanSummary {
+                    root: args.root,
+                    cleaned,
+                },
+                args.json,
+            )
+        }
+    }
+}
+
 pub fn fuse_keeper(args: FuseKeeperArgs) -> Result<()> {
     tessera_agent::fs::handover::run_keeper(&args.socket, args.stay)
         .with_context(|| format!("FUSE keeper on {}", args.socket.display()))

@@ -19,6 +19,7 @@
 //!
 //! Metadata lives in sled ([`store`]) and outlives the agent.
 
+pub mod clean;
 pub mod remote;
 mod service;
 mod store;
