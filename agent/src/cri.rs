@@ -24,6 +24,10 @@ use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use tessera_proto::cri::image_service_client::ImageServiceClient;
 use tessera_proto::cri::image_service_server::{ImageService, ImageServiceServer};
@@ -46,6 +50,59 @@ pub struct CriProxy {
     containerd: ImageServiceClient<Channel>,
     registry: Arc<RegistryClient>,
     file: Option<CredentialsFile>,
+    pub metrics: CriMetrics,
+}
+
+/// Prometheus metrics of the CRI proxy.
+#[derive(Debug, Default)]
+pub struct CriMetrics {
+    /// Calls passed on to containerd, by method and outcome (`ok` or the gRPC code).
+    calls: Family<CallLabel, Counter>,
+    /// `PullImage` calls, by whether they brought credentials and the outcome.
+    pulls: Family<PullLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabel {
+    method: &'static str,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PullLabel {
+    credentials: &'static str,
+    outcome: String,
+}
+
+impl CriMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "tessera_agent_cri_calls",
+            "CRI image-service calls the proxy passed on to containerd, by method and outcome",
+            self.calls.clone(),
+        );
+        registry.register(
+            "tessera_agent_cri_pulls",
+            "CRI PullImage calls through the proxy, by whether they brought credentials (kept for the repository when the pull succeeded) and outcome",
+            self.pulls.clone(),
+        );
+    }
+
+    fn count<T>(&self, method: &'static str, answer: &std::result::Result<T, Status>) {
+        self.calls
+            .get_or_create(&CallLabel {
+                method,
+                outcome: outcome(answer),
+            })
+            .inc();
+    }
+}
+
+fn outcome<T>(answer: &std::result::Result<T, Status>) -> String {
+    match answer {
+        Ok(_) => "ok".to_string(),
+        Err(status) => format!("{:?}", status.code()).to_lowercase(),
+    }
 }
 
 impl CriProxy {
@@ -83,6 +140,7 @@ impl CriProxy {
             containerd: ImageServiceClient::new(channel),
             registry,
             file,
+            metrics: CriMetrics::default(),
         })
     }
 
@@ -162,14 +220,18 @@ impl ImageService for Proxy {
         &self,
         request: Request<ListImagesRequest>,
     ) -> std::result::Result<Response<ListImagesResponse>, Status> {
-        self.0.containerd().list_images(onward(request)).await
+        let answer = self.0.containerd().list_images(onward(request)).await;
+        self.0.metrics.count("list_images", &answer);
+        answer
     }
 
     async fn image_status(
         &self,
         request: Request<ImageStatusRequest>,
     ) -> std::result::Result<Response<ImageStatusResponse>, Status> {
-        self.0.containerd().image_status(onward(request)).await
+        let answer = self.0.containerd().image_status(onward(request)).await;
+        self.0.metrics.count("image_status", &answer);
+        answer
     }
 
     async fn pull_image(
@@ -198,6 +260,15 @@ impl ImageService for Proxy {
             _ => None,
         };
         let answer = self.0.containerd().pull_image(onward(request)).await;
+        self.0.metrics.count("pull_image", &answer);
+        self.0
+            .metrics
+            .pulls
+            .get_or_create(&PullLabel {
+                credentials: if kept.is_some() { "yes" } else { "no" },
+                outcome: outcome(&answer),
+            })
+            .inc();
         if let Some((image, before)) = kept {
             match &answer {
                 Ok(_) => {
@@ -217,14 +288,18 @@ impl ImageService for Proxy {
         &self,
         request: Request<RemoveImageRequest>,
     ) -> std::result::Result<Response<RemoveImageResponse>, Status> {
-        self.0.containerd().remove_image(onward(request)).await
+        let answer = self.0.containerd().remove_image(onward(request)).await;
+        self.0.metrics.count("remove_image", &answer);
+        answer
     }
 
     async fn image_fs_info(
         &self,
         request: Request<ImageFsInfoRequest>,
     ) -> std::result::Result<Response<ImageFsInfoResponse>, Status> {
-        self.0.containerd().image_fs_info(onward(request)).await
+        let answer = self.0.containerd().image_fs_info(onward(request)).await;
+        self.0.metrics.count("image_fs_info", &answer);
+        answer
     }
 }
 

@@ -176,6 +176,17 @@ fn private_image_pulled_through_the_cri_proxy_mounts_lazily_with_the_pods_creden
         .unwrap_or_else(|e| panic!("CRI pull with the pod's credentials: {e}\n{}", logs()));
     assert!(pulled.starts_with("sha256:"), "{pulled}");
     let metrics = agent.metrics();
+    // The refused pull without credentials is counted as failed (containerd's code).
+    let refused_counted = metrics.lines().any(|l| {
+        l.starts_with(r#"tessera_agent_cri_pulls_total{credentials="no",outcome="#)
+            && !l.contains(r#"outcome="ok""#)
+            && l.ends_with(" 1")
+    });
+    assert!(
+        metrics.contains(r#"tessera_agent_cri_pulls_total{credentials="yes",outcome="ok"} 1"#)
+            && refused_counted,
+        "{metrics}"
+    );
     assert!(
         metrics.contains(r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#),
         "the image was mounted lazily, not unpacked:\n{metrics}\n{}",

@@ -119,11 +119,22 @@ pub async fn run(
         Some(_) => Some(start_snapshotter(&agent, &config.snapshotter.root).await?),
         None => None,
     };
+    let cri_proxy = match &config.cri.listen {
+        Some(_) => Some(Arc::new(CriProxy::new(
+            &config.cri.containerd,
+            agent.registry_client().clone(),
+            config.cri.credentials_file.as_deref(),
+        )?)),
+        None => None,
+    };
     if let Some(listener) = listeners.metrics {
         let mut registry = Registry::default();
         agent.register_metrics(&mut registry);
         if let Some(s) = &snapshotter {
             s.metrics.register(&mut registry);
+        }
+        if let Some(p) = &cri_proxy {
+            p.metrics.register(&mut registry);
         }
         let gate = limits.gate("metrics");
         servers.spawn(serve_metrics(
@@ -151,16 +162,11 @@ pub async fn run(
         tracing::info!(socket = %socket.display(), "containerd snapshotter ready");
     }
     // After the snapshotter: a pull the kubelet sends through the proxy mounts layers.
-    if let Some(socket) = &config.cri.listen {
-        let proxy = CriProxy::new(
-            &config.cri.containerd,
-            agent.registry_client().clone(),
-            config.cri.credentials_file.as_deref(),
-        )?;
+    if let (Some(socket), Some(proxy)) = (&config.cri.listen, cri_proxy) {
         let listener = bind_unix(socket)?;
         let gate = limits.gate("cri");
         servers.spawn(async move {
-            if let Err(e) = cri::serve(Arc::new(proxy), listener, gate).await {
+            if let Err(e) = cri::serve(proxy, listener, gate).await {
                 tracing::error!(error = %e, "the CRI image service proxy stopped");
             }
         });
