@@ -166,6 +166,17 @@ class Defaults(unittest.TestCase):
         self.assertNotIn("snapshotter-root", [v["name"] for v in spec["volumes"]])
         self.assertNotIn("snapshotter", tomllib.loads(self.m.agent_config_text()))
 
+    def test_no_cri_proxy_unless_asked(self):
+        spec = self.m.agent()["spec"]["template"]["spec"]
+        self.assertNotIn("containerd-socket-dir", [v["name"] for v in spec["volumes"]])
+        config = tomllib.loads(self.m.agent_config_text())
+        self.assertNotIn("cri", config)
+        # The mirror answers from its last known answers only when asked to.
+        self.assertEqual(config["mirror"]["last_known_secs"], 0)
+        notes = render_notes()
+        self.assertNotIn("image-service-endpoint", notes)
+        self.assertNotIn("lastKnownSecs", notes)
+
     def test_one_replica_in_the_agent_config(self):
         config = tomllib.loads(self.m.agent_config_text())
         self.assertEqual(config["p2p"]["scheduler"],
@@ -522,6 +533,71 @@ class FullValues(unittest.TestCase):
         notes = render_notes([FULL_VALUES])
         self.assertIn("restart containerd", notes)
 
+    def test_cri_proxy(self):
+        """The kubelet's image service: a socket beside the agent's on the node, passing
+        calls on to containerd's socket, whose directory is mounted at the node's path
+        (a restarted containerd's new socket appears in it); the credentials file, when
+        asked for, in the snapshotter's root on the node; the notes say what to change
+        on the kubelet."""
+        cri = self.config["cri"]
+        socket_dir = mount(self.agent_c, "socket-dir")["mountPath"]
+        self.assertEqual(cri["listen"], socket_dir + "/cri.sock")
+        self.assertEqual(cri["containerd"], "/run/containerd/containerd.sock")
+        self.assertEqual(volume(self.agent, "containerd-socket-dir")["hostPath"],
+                         {"path": "/run/containerd", "type": "Directory"})
+        m = mount(self.agent_c, "containerd-socket-dir")
+        self.assertEqual((m["mountPath"], m["mountPropagation"]), ("/run/containerd", "HostToContainer"))
+        self.assertNotIn("readOnly", m, "connecting to a unix socket needs write access")
+        # The file outlives the pod: it is under a hostPath the agent already has.
+        root = self.config["snapshotter"]["root"]
+        self.assertEqual(cri["credentials_file"], root + "/cri-credentials.json")
+        self.assertEqual(mount(self.agent_c, "snapshotter-root")["mountPath"], root)
+        self.assertEqual(volume(self.agent, "snapshotter-root")["hostPath"]["path"], root)
+        # The keeper does not need containerd.
+        self.assertNotIn("containerd-socket-dir",
+                         [x["name"] for x in container(self.agent, "fuse-keeper")["volumeMounts"]])
+        notes = render_notes([FULL_VALUES])
+        self.assertIn("--image-service-endpoint=unix:///run/tessera/cri.sock", notes)
+        self.assertIn("imageServiceEndpoint: unix:///run/tessera/cri.sock", notes)
+        self.assertIn("restart the kubelet", notes)
+        self.assertIn("stays containerd's", notes)
+        self.assertIn("imagePullSecrets", notes)
+        # The kubelet then depends on the agent for its own restart: the notes say so.
+        self.assertIn("the agent cannot start again", notes)
+        self.assertIn("point its kubelet back at containerd", notes)
+        self.assertIn("/var/lib/tessera/snapshotter/cri-credentials.json", notes)
+
+        # Another containerd (k3s), another socket name, credentials in memory only.
+        other = render([FULL_VALUES], [
+            "agent.criProxy.containerdSocket=/run/k3s/containerd/containerd.sock",
+            "agent.criProxy.socketName=image.sock", "agent.socketDir=/run/tessera-x",
+            "agent.criProxy.keepCredentialsAcrossRestarts=false"])
+        config = tomllib.loads(other.agent_config_text())
+        self.assertEqual(config["cri"], {"listen": "/run/tessera-x/image.sock",
+                                         "containerd": "/run/k3s/containerd/containerd.sock"})
+        self.assertEqual(volume(other.agent(), "containerd-socket-dir")["hostPath"]["path"],
+                         "/run/k3s/containerd")
+        self.assertEqual(mount(container(other.agent(), "agent"), "containerd-socket-dir")["mountPath"],
+                         "/run/k3s/containerd")
+        validate_kubernetes(self, other)
+        notes = render_notes([FULL_VALUES], [
+            "agent.criProxy.socketName=image.sock", "agent.criProxy.keepCredentialsAcrossRestarts=false"])
+        self.assertIn("--image-service-endpoint=unix:///run/tessera/image.sock", notes)
+        self.assertIn("in the agent's memory only", notes)
+        self.assertNotIn("cri-credentials.json", notes)
+
+        # Off: no [cri], no containerd mount, the snapshotter as before.
+        off = render([FULL_VALUES], ["agent.criProxy.enabled=false"])
+        self.assertNotIn("cri", tomllib.loads(off.agent_config_text()))
+        self.assertNotIn("containerd-socket-dir",
+                         [v["name"] for v in off.agent()["spec"]["template"]["spec"]["volumes"]])
+        self.assertNotIn("image-service-endpoint",
+                         render_notes([FULL_VALUES], ["agent.criProxy.enabled=false"]))
+
+    def test_mirror_last_known_answers(self):
+        self.assertEqual(self.config["mirror"]["last_known_secs"], 3600)
+        self.assertIn("the last 3600 s (agent.mirror.lastKnownSecs)", render_notes([FULL_VALUES]))
+
     def test_service_monitors(self):
         sms = {s["metadata"]["name"]: s for s in self.m.of_kind("ServiceMonitor")}
         self.assertEqual(set(sms), {"t-tessera-scheduler", "t-tessera-agent"})
@@ -554,7 +630,8 @@ class FullValues(unittest.TestCase):
         self.assertEqual(c["p2p"]["compress_uploads"], "always")
         self.assertEqual((c["p2p"]["peer_timeout_ms"], c["p2p"]["max_wait_secs"]), (2000, 15))
         self.assertEqual((c["mirror"]["max_wait_secs"], c["mirror"]["access_ttl_secs"],
-                          c["mirror"]["manifest_ttl_secs"]), (200, 30, 120))
+                          c["mirror"]["manifest_ttl_secs"], c["mirror"]["last_known_secs"]),
+                         (200, 30, 120, 3600))
         # Sizes given as numbers stay integers, however large.
         n = tomllib.loads(render(sets=["agent.cache.capacity=107374182400"]).agent_config_text())
         self.assertEqual(n["cache_capacity"], 107374182400)

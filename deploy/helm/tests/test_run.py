@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -239,7 +240,11 @@ class Run:
         code = self.agent.stop(grace)
         self.assertEqual(code, 0, f"exit {code} after SIGTERM:\n{self.agent.log()}")
         self.assertIn("shutting down, unmounting", self.agent.log(tail=None))
-        self.assertFalse(Path(self.config()["socket"]).exists(), "the socket is removed")
+        config = self.config()
+        self.assertFalse(Path(config["socket"]).exists(), "the socket is removed")
+        for section, key in [("snapshotter", "socket"), ("cri", "listen")]:
+            if section in config:
+                self.assertFalse(Path(config[section][key]).exists(), f"{section}.{key} is removed")
 
 
 class Defaults(Run, unittest.TestCase):
@@ -286,6 +291,28 @@ class FullValues(Run, unittest.TestCase):
         self.assertIn('server = "http://registry.internal:5000"',
                       (self.certs / "registry.internal:5000/hosts.toml").read_text())
         self.assertIn("# theirs", (self.certs / "docker.io/hosts.toml.tessera-backup").read_text())
+
+    def test_cri_proxy_listens_beside_the_agent(self):
+        """The socket the kubelet's --image-service-endpoint names accepts connections
+        although no containerd runs here (the proxy dials it at the first call);
+        containerd's socket and the credentials file are in the node's volumes."""
+        config = self.config()
+        deadline = time.time() + 10
+        while True:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(5)
+                try:
+                    s.connect(config["cri"]["listen"])
+                    break
+                except OSError as e:
+                    if time.time() > deadline:
+                        self.fail(f"the CRI proxy does not answer on {config['cri']['listen']}: {e}\n"
+                                  f"{self.agent.log()}")
+            time.sleep(0.2)
+        self.assertIn("CRI image service proxy ready", self.agent.log(tail=None))
+        volumes = self.agent_pod.volumes
+        self.assertEqual(Path(config["cri"]["containerd"]).parent, volumes["containerd-socket-dir"])
+        self.assertEqual(Path(config["cri"]["credentials_file"]).parent, volumes["snapshotter-root"])
 
     def test_registry_credentials_reach_the_agent(self):
         auth_file = Path(self.config()["registry"]["auth_file"])

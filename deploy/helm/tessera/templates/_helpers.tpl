@@ -242,6 +242,7 @@ default_registry = {{ $a.mirror.defaultRegistry | toJson }}
 max_wait_secs = {{ int64 $a.mirror.maxWaitSecs }}
 access_ttl_secs = {{ int64 $a.mirror.accessTtlSecs }}
 manifest_ttl_secs = {{ int64 $a.mirror.manifestTtlSecs }}
+last_known_secs = {{ int64 $a.mirror.lastKnownSecs }}
 
 {{- if $a.snapshotter.enabled }}
 
@@ -250,11 +251,27 @@ socket = {{ printf "%s/%s" $a.socketDir $a.snapshotter.socketName | toJson }}
 root = {{ $a.snapshotter.root | toJson }}
 {{- end }}
 
+{{- if $a.criProxy.enabled }}
+
+[cri]
+listen = {{ printf "%s/%s" $a.socketDir $a.criProxy.socketName | toJson }}
+containerd = {{ $a.criProxy.containerdSocket | toJson }}
+{{- if $a.criProxy.keepCredentialsAcrossRestarts }}
+credentials_file = {{ include "tessera.agent.criCredentialsFile" . | toJson }}
+{{- end }}
+{{- end }}
+
 [registry]
 insecure = {{ $a.insecureRegistries | toJson }}
 {{- if .Values.registryCredentials.enabled }}
 auth_file = {{ printf "%s/config.json" $paths.registry | toJson }}
 {{- end }}
+{{- end }}
+
+{{/* The CRI proxy's credentials file (keepCredentialsAcrossRestarts): in the
+snapshotter's root, a hostPath the agent already mounts, so it outlives the pod. */}}
+{{- define "tessera.agent.criCredentialsFile" -}}
+{{- printf "%s/cri-credentials.json" (trimSuffix "/" .Values.agent.snapshotter.root) }}
 {{- end }}
 
 {{/* The node IP with a port, as an ip:port the agent accepts (brackets for IPv6). */}}
