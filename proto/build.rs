@@ -4,6 +4,8 @@
 //! - `proto/tessera/v1/tessera.proto`: Tessera's own (agent ↔ scheduler, agent ↔ agent).
 //! - containerd's snapshots service (`third_party/`, pinned, see its README): the agent
 //!   serves it as a proxy snapshotter.
+//! - containerd's content, images and leases services (clients only): `tessera pull`
+//!   writes an image into containerd as its unpacker would.
 //! - with the `cri` feature, the Kubernetes CRI API (`third_party/k8s.io/cri-api`): the
 //!   tests and benchmarks pull images through containerd as the kubelet does.
 //!
@@ -46,6 +48,20 @@ fn main() -> Result {
         &["github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto"],
         &["third_party"],
         true,
+        false,
+    )?;
+    // Clients only. prost writes one file per package, so this set names
+    // `types/mount.proto` too: its `containerd.types` (mount and descriptor) replaces the
+    // one the set above wrote (mount alone).
+    compile(
+        &[
+            "github.com/containerd/containerd/api/services/content/v1/content.proto",
+            "github.com/containerd/containerd/api/services/images/v1/images.proto",
+            "github.com/containerd/containerd/api/services/leases/v1/leases.proto",
+            "github.com/containerd/containerd/api/types/mount.proto",
+        ],
+        &["third_party"],
+        false,
         false,
     )?;
     if std::env::var_os("CARGO_FEATURE_CRI").is_some() {
