@@ -582,7 +582,8 @@ fn blobs_requested(proxy: &FaultProxy, from: usize) -> Vec<String> {
 /// the snapshot labels the Tessera snapshotter reads: the origin sends the manifest,
 /// the config and the bootstrap, no blob layer; `ctr run --snapshotter tessera` starts
 /// a container from it at once, which reads a file of the image lazily. A second pull
-/// finds every layer there and downloads nothing more than the first.
+/// finds every layer there and downloads nothing more than the first. A plain image
+/// with an index (`tessera index`) is pulled and run the same way.
 #[test]
 fn tessera_pull_then_ctr_run_starts_a_tessera_image_with_no_layer_downloaded() {
     let node = node();
@@ -707,6 +708,55 @@ fn tessera_pull_then_ctr_run_starts_a_tessera_image_with_no_layer_downloaded() {
         [config],
         "{:#?}",
         &node.proxy.log()[before_again..]
+    );
+
+    // A plain image with an index beside it is pulled the same way: no layer fetched
+    // whole, and a container reads it.
+    support::index(
+        node.t.path(),
+        &format!("{}/src/app:v1", node.registry.addr),
+        &[],
+    );
+    let plain_layers: Vec<String> = manifest_json(&node.registry.addr, "src/app")["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    let out = tessera_pull(&node, &node.plain_ref, &["--json"]);
+    assert!(
+        out.status.success(),
+        "tessera pull of the indexed image: {}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log()
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["lazy"], plain_layers.len(), "{summary}");
+    for layer in &plain_layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, layer),
+            0,
+            "the pull fetched layer {layer}:\n{:#?}",
+            node.proxy.log()
+        );
+    }
+    let out = node.containerd.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "tessera",
+        &node.plain_ref,
+        "i1",
+        "/bin/sh",
+        "-c",
+        r#"read l < /data/hello; echo "$l""#,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the image\n",
+        "{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log()
     );
 }
 
