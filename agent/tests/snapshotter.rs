@@ -652,6 +652,11 @@ fn tessera_pull_then_ctr_run_starts_a_tessera_image_with_no_layer_downloaded() {
         images.lines().any(|l| l == node.tessera_ref),
         "containerd has the image by its name: {images}"
     );
+    let leases = node.containerd.ctr_ok(&["leases", "ls", "-q"]);
+    assert!(
+        !leases.contains("tessera-pull"),
+        "the lease was let go: {leases}"
+    );
 
     // A container from it, with no CRI involved.
     let before_run = node.proxy.log().len();
