@@ -7,6 +7,8 @@
 //! - the Kubernetes CRI API (`third_party/k8s.io/cri-api`): the agent's CRI image-service
 //!   proxy serves its image service and calls containerd's; the tests and benchmarks
 //!   pull images through it as the kubelet does.
+//! - containerd's content, images and leases services (clients only): `tessera pull`
+//!   writes an image into containerd as its unpacker would.
 //!
 //! containerd's files and CRI's import gogo.proto under two names, so each set is
 //! compiled on its own (one descriptor set cannot hold the same extensions twice).
@@ -47,6 +49,20 @@ fn main() -> Result {
         &["github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto"],
         &["third_party"],
         true,
+        false,
+    )?;
+    // Clients only. prost writes one file per package, so this set names
+    // `types/mount.proto` too: its `containerd.types` (mount and descriptor) replaces the
+    // one the set above wrote (mount alone).
+    compile(
+        &[
+            "github.com/containerd/containerd/api/services/content/v1/content.proto",
+            "github.com/containerd/containerd/api/services/images/v1/images.proto",
+            "github.com/containerd/containerd/api/services/leases/v1/leases.proto",
+            "github.com/containerd/containerd/api/types/mount.proto",
+        ],
+        &["third_party"],
+        false,
         false,
     )?;
     compile(

@@ -85,6 +85,30 @@ pub enum Error {
         reason: String,
     },
 
+    /// containerd refused or failed a call of `tessera pull`; the reason says what to
+    /// do where that is known (containerd not there, the snapshotter not configured).
+    #[error("containerd at {}: {what}: {reason}", address.display())]
+    Containerd {
+        address: PathBuf,
+        what: String,
+        reason: String,
+    },
+
+    /// `tessera pull` of an image whose layers the snapshotter would unpack: it is
+    /// neither converted nor indexed.
+    #[error(
+        "{image} is neither converted (`tessera convert`) nor indexed (`tessera index`): \
+         snapshotter {snapshotter} would unpack its layer {layer}, and `tessera pull` \
+         downloads no layers. Pull it with `ctr image pull --snapshotter {snapshotter} \
+         {image}`, or make it lazy first with `tessera convert {image} NEW-REF` (then \
+         pull NEW-REF) or `tessera index {image}`"
+    )]
+    NotLazy {
+        image: String,
+        layer: String,
+        snapshotter: String,
+    },
+
     /// The TCP listeners handed to the daemon do not match the addresses its
     /// configuration names (its caller binds them; the setting is named).
     #[error("{setting}: {problem}")]

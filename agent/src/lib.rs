@@ -8,6 +8,8 @@
 //!   peers → origin), the verified chunk [`cache`], peer-to-peer ([`peer`]), the local
 //!   [`api`] and the [`config`].
 //! - [`containerd`]: containerd's hosts files pointing at the agent's mirror.
+//! - [`pull`]: `tessera pull`, a Tessera image into containerd for its snapshotter,
+//!   without the CRI plugin.
 //!
 //! Errors: one [`Error`] enum for the crate; the binary wraps it in `anyhow`.
 
@@ -25,6 +27,7 @@ pub mod fuzzing;
 pub mod index;
 pub mod mirror;
 pub mod peer;
+pub mod pull;
 pub mod registry;
 pub mod snapshotter;
 

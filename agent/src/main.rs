@@ -2,7 +2,7 @@
 //!
 //! The binary carries the image tools (`build`, `inspect`, `check`, `unpack`, the last
 //! three also on registry images), `convert`, `index`, the daemon (`tessera agent`) and its
-//! clients (`mount`, `umount`, `status`), and `containerd-config`; the work is done by
+//! clients (`mount`, `umount`, `status`), `pull` and `containerd-config`; the work is done by
 //! the library (`tessera_agent`), one module per part of the data path.
 
 mod commands;
@@ -47,6 +47,9 @@ enum Command {
     /// Work on the agent's chunk cache.
     #[command(subcommand)]
     Cache(commands::agent::CacheCommand),
+    /// Pull a Tessera image (converted or indexed) into containerd for the Tessera
+    /// snapshotter, without CRI: `ctr run --snapshotter tessera` then starts it lazily.
+    Pull(Box<commands::pull::PullArgs>),
     /// Configure containerd for the agent: its registry hosts pointed at the agent's
     /// mirror (hosts.toml files), and with `--snapshotter-socket` its config file for
     /// the agent's snapshotter (the proxy plugin, and CRI's snapshotter); `--undo`
@@ -82,6 +85,7 @@ fn main() {
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),
         Command::Cache(command) => commands::agent::cache(command),
+        Command::Pull(args) => commands::pull::pull(*args),
         Command::ContainerdConfig(args) => commands::containerd::containerd_config(args),
         Command::Snapshotter(command) => commands::agent::snapshotter(command),
         Command::FuseKeeper(args) => commands::agent::fuse_keeper(args),

@@ -1,7 +1,7 @@
 //! The containerd snapshotter end to end: a real containerd 1.6 with its CRI plugin and
 //! runc, the `tessera agent` as its proxy snapshotter, images pulled through the CRI
-//! image service as the kubelet pulls them (a tonic client of the CRI API), containers
-//! started from them with `ctr run`, and a real `docker-registry` behind the fault
+//! image service as the kubelet pulls them (a tonic client of the CRI API) or with
+//! `tessera pull` (no CRI), containers started from them with `ctr run`, and a real `docker-registry` behind the fault
 //! proxy, which counts what the origin sends.
 //!
 //! Needs containerd, runc, fuse3, docker-registry, umoci, skopeo and busybox-static
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::agent::{is_mounted, AgentProcess};
-use support::containerd::{plain_http_hosts, Containerd, Snapshotter};
+use support::containerd::{plain_http_hosts, Containerd, Snapshotter, NAMESPACE};
 use support::cri::cri_pull;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
@@ -552,4 +552,293 @@ fn cri_pull_of_an_indexed_plain_image_downloads_no_layers_and_shares_them_rightl
     );
     assert_eq!(out, "hello from the other image\n");
     assert!(!node.agent.log().contains("panicked at"));
+}
+
+/// `tessera pull --address SOCKET --namespace tessera-test ARGS IMAGE` against the
+/// node's containerd, isolated from this machine's credentials and config; its output.
+fn tessera_pull(node: &Node, image: &str, args: &[&str]) -> std::process::Output {
+    support::tessera()
+        .args(["pull", "--address", s(&node.containerd.socket)])
+        .args(["--namespace", NAMESPACE])
+        .args(args)
+        .arg(image)
+        .env("DOCKER_CONFIG", node.t.path())
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .unwrap()
+}
+
+/// The digests of `/blobs/` the proxy was asked for (any method) from the `from`-th
+/// request on.
+fn blobs_requested(proxy: &FaultProxy, from: usize) -> Vec<String> {
+    proxy.log()[from..]
+        .iter()
+        .filter_map(|l| l.target.split("/blobs/").nth(1))
+        .map(|d| d.split('?').next().unwrap().to_string())
+        .collect()
+}
+
+/// `tessera pull` puts a converted image into containerd without the CRI plugin, with
+/// the snapshot labels the Tessera snapshotter reads: the origin sends the manifest,
+/// the config and the bootstrap, no blob layer; `ctr run --snapshotter tessera` starts
+/// a container from it at once, which reads a file of the image lazily. A second pull
+/// finds every layer there and downloads nothing more than the first. A plain image
+/// with an index (`tessera index`) is pulled and run the same way.
+#[test]
+fn tessera_pull_then_ctr_run_starts_a_tessera_image_with_no_layer_downloaded() {
+    let node = node();
+    let manifest = manifest_json(&node.registry.addr, "tessera/app");
+    let config = manifest["config"]["digest"].as_str().unwrap().to_string();
+    let bootstrap = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == "application/vnd.oci.image.layer.tessera.bootstrap.v1+zstd")
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .unwrap();
+    let layers = manifest["layers"].as_array().unwrap().len();
+
+    let out = tessera_pull(&node, &node.tessera_ref, &["--json"]);
+    assert!(
+        out.status.success(),
+        "tessera pull: {}\ncontainerd log:\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.containerd.log(),
+        node.agent.log()
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["image"], node.tessera_ref.as_str(), "{summary}");
+    assert_eq!(summary["layers"], layers, "{summary}");
+    assert_eq!(summary["lazy"], layers, "{summary}");
+    assert_eq!(summary["present"], 0, "{summary}");
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        progress.matches("lazy, nothing downloaded").count(),
+        layers,
+        "a progress line per layer: {progress}"
+    );
+
+    // The origin sent the config (to `tessera pull`) and the bootstrap (to the agent).
+    let fetched = blobs_requested(&node.proxy, 0);
+    for blob in &node.blob_layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, blob),
+            0,
+            "tessera pull fetched blob layer {blob}:\n{:#?}",
+            node.proxy.log()
+        );
+    }
+    assert!(
+        fetched.iter().all(|d| *d == config || *d == bootstrap),
+        "only the config and the bootstrap were fetched: {fetched:?}"
+    );
+    assert!(
+        fetched.contains(&config) && fetched.contains(&bootstrap),
+        "{fetched:?}"
+    );
+    assert!(node.proxy.blob_bytes() < 1 << 20, "{:#?}", node.proxy.log());
+    let metrics = node.agent.metrics();
+    for line in [
+        r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#.to_string(),
+        format!(
+            r#"tessera_agent_snapshotter_lazy_layers_total{{kind="blob"}} {}"#,
+            node.blob_layers.len()
+        ),
+    ] {
+        assert!(metrics.contains(&line), "no {line} in\n{metrics}");
+    }
+    let images = node.containerd.ctr_ok(&["image", "ls", "-q"]);
+    assert!(
+        images.lines().any(|l| l == node.tessera_ref),
+        "containerd has the image by its name: {images}"
+    );
+    let leases = node.containerd.ctr_ok(&["leases", "ls", "-q"]);
+    assert!(
+        !leases.contains("tessera-pull"),
+        "the lease was let go: {leases}"
+    );
+
+    // A container from it, with no CRI involved.
+    let before_run = node.proxy.log().len();
+    let out = node.containerd.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "tessera",
+        &node.tessera_ref,
+        "c1",
+        "/bin/sh",
+        "-c",
+        r#"read l < /data/hello; echo "$l""#,
+    ]);
+    assert!(
+        out.status.success(),
+        "ctr run: {}\n{}\ncontainerd log:\n{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.containerd.log(),
+        node.agent.log()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the image\n"
+    );
+    // The container's reads are chunks (Range requests), not whole layers.
+    let run_log = &node.proxy.log()[before_run..];
+    assert!(
+        run_log
+            .iter()
+            .filter(|l| l.target.contains("/blobs/"))
+            .all(|l| l.range.is_some()),
+        "{run_log:#?}"
+    );
+    let read: u64 = run_log.iter().map(|l| l.body_bytes).sum();
+    assert!(
+        read < 5 << 20,
+        "the container read busybox and a small file, not the 6 MiB file: {read} bytes"
+    );
+
+    // Pulling again finds every layer: nothing more than the manifest and config.
+    let before_again = node.proxy.log().len();
+    let out = tessera_pull(&node, &node.tessera_ref, &["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["present"], layers, "{summary}");
+    assert_eq!(
+        blobs_requested(&node.proxy, before_again),
+        [config],
+        "{:#?}",
+        &node.proxy.log()[before_again..]
+    );
+
+    // A plain image with an index beside it is pulled the same way: no layer fetched
+    // whole, and a container reads it.
+    support::index(
+        node.t.path(),
+        &format!("{}/src/app:v1", node.registry.addr),
+        &[],
+    );
+    let plain_layers: Vec<String> = manifest_json(&node.registry.addr, "src/app")["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+    let out = tessera_pull(&node, &node.plain_ref, &["--json"]);
+    assert!(
+        out.status.success(),
+        "tessera pull of the indexed image: {}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log()
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["lazy"], plain_layers.len(), "{summary}");
+    for layer in &plain_layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, layer),
+            0,
+            "the pull fetched layer {layer}:\n{:#?}",
+            node.proxy.log()
+        );
+    }
+    let out = node.containerd.ctr(&[
+        "run",
+        "--rm",
+        "--snapshotter",
+        "tessera",
+        &node.plain_ref,
+        "i1",
+        "/bin/sh",
+        "-c",
+        r#"read l < /data/hello; echo "$l""#,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the image\n",
+        "{}\nagent log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log()
+    );
+}
+
+/// `tessera pull` of a plain image (neither converted nor indexed) fails saying so and
+/// what to run instead, having downloaded no layer and left no image, snapshot or
+/// lease behind; without containerd at the address, or without the snapshotter in
+/// containerd's config, it says what to do.
+#[test]
+fn tessera_pull_of_a_plain_image_fails_with_what_to_run_instead() {
+    let node = node();
+    let manifest = manifest_json(&node.registry.addr, "src/app");
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect();
+
+    let out = tessera_pull(&node, &node.plain_ref, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    for words in [
+        "neither converted",
+        "nor indexed",
+        "ctr image pull",
+        "tessera convert",
+        "tessera index",
+        node.plain_ref.as_str(),
+    ] {
+        assert!(stderr.contains(words), "{words:?} not in: {stderr}");
+    }
+    for layer in &layers {
+        assert_eq!(
+            blob_fetches(&node.proxy, layer),
+            0,
+            "{:#?}",
+            node.proxy.log()
+        );
+    }
+    let images = node.containerd.ctr_ok(&["image", "ls", "-q"]);
+    assert!(images.trim().is_empty(), "no image record: {images}");
+    let snapshots = node
+        .containerd
+        .ctr_ok(&["snapshot", "--snapshotter", "tessera", "ls"]);
+    assert!(
+        !snapshots.contains("extract-"),
+        "the prepared snapshot was removed: {snapshots}"
+    );
+    let leases = node.containerd.ctr_ok(&["leases", "ls", "-q"]);
+    assert!(
+        !leases.contains("tessera-pull"),
+        "the lease was let go: {leases}"
+    );
+
+    // No containerd at the address.
+    let out = support::tessera()
+        .args(["pull", "--address"])
+        .arg(node.t.path().join("nothing.sock"))
+        .arg(&node.tessera_ref)
+        .env("DOCKER_CONFIG", node.t.path())
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("is containerd running") && stderr.contains("nothing.sock"),
+        "{stderr}"
+    );
+
+    // A snapshotter containerd's config does not name.
+    let out = tessera_pull(&node, &node.tessera_ref, &["--snapshotter", "nosuch"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("tessera containerd-config") && stderr.contains("nosuch"),
+        "{stderr}"
+    );
+    let _ = &node.blob_layers;
 }

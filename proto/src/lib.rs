@@ -20,7 +20,9 @@ pub mod pb {
 }
 
 /// containerd's snapshots service and the mount type it answers with (containerd
-/// v1.6.20's `.proto` files in `third_party/`), served by the agent's snapshotter.
+/// v1.6.20's `.proto` files in `third_party/`), served by the agent's snapshotter; its
+/// content, images and leases services (clients only), through which `tessera pull`
+/// writes an image into containerd.
 #[allow(clippy::all, missing_debug_implementations, unused_qualifications)]
 pub mod containerd {
     pub mod types {
@@ -33,7 +35,25 @@ pub mod containerd {
                 tonic::include_proto!("containerd.services.snapshots.v1");
             }
         }
+        pub mod content {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.content.v1");
+            }
+        }
+        pub mod images {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.images.v1");
+            }
+        }
+        pub mod leases {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.leases.v1");
+            }
+        }
     }
+    pub use services::content::v1 as content;
+    pub use services::images::v1 as images;
+    pub use services::leases::v1 as leases;
     pub use services::snapshots::v1 as snapshots;
 }
 

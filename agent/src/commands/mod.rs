@@ -6,6 +6,7 @@ pub mod containerd;
 pub mod convert;
 pub mod image;
 pub mod index;
+pub mod pull;
 pub mod registry;
 
 /// Parses `4096`, `64K`, `1M`, `1MiB`, `16m` into a size that fits a u32 (chunk and

@@ -479,12 +479,21 @@ impl Drop for Containerd {
         }
         if self.cri {
             // Containers still running (a failed test): killed and deleted through the
-            // daemon while it runs.
-            let tasks = self.ctr_k8s(&["task", "ls", "-q"]);
-            for id in String::from_utf8_lossy(&tasks.stdout).split_whitespace() {
-                let _ = self.ctr_k8s(&["task", "kill", "-s", "SIGKILL", id]);
-                let _ = self.ctr_k8s(&["task", "delete", "-f", id]);
-                let _ = self.ctr_k8s(&["container", "delete", id]);
+            // daemon while it runs, in the CRI plugin's namespace and in the harness's
+            // (`ctr run` after `tessera pull`). A killed shim would leave them running.
+            for namespace in [CRI_NAMESPACE, NAMESPACE] {
+                let ctr = |args: &[&str]| {
+                    self.ctr_command_in(namespace)
+                        .args(args)
+                        .output()
+                        .expect("run ctr")
+                };
+                let tasks = ctr(&["task", "ls", "-q"]);
+                for id in String::from_utf8_lossy(&tasks.stdout).split_whitespace() {
+                    let _ = ctr(&["task", "kill", "-s", "SIGKILL", id]);
+                    let _ = ctr(&["task", "delete", "-f", id]);
+                    let _ = ctr(&["container", "delete", id]);
+                }
             }
         }
         if let Some(mut child) = self.child.take() {
