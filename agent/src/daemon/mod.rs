@@ -166,10 +166,15 @@ impl Agent {
                 }
             }
         }
-        let cache = Arc::new(ChunkCache::open(
-            &config.cache_dir.join("chunks"),
-            config.cache_capacity,
-        )?);
+        let mut cache = ChunkCache::open(&config.cache_dir.join("chunks"), config.cache_capacity)?;
+        if config.cache_disk_high_percent < 100 {
+            let marks = crate::cache::Watermarks {
+                high_percent: config.cache_disk_high_percent,
+                low_percent: config.cache_disk_low_percent,
+            };
+            cache = cache.with_watermarks(marks, None);
+        }
+        let cache = Arc::new(cache);
         let bootstrap_dir = config.cache_dir.join("bootstraps");
         std::fs::create_dir_all(&bootstrap_dir)
             .map_err(|e| Error::io("create", &bootstrap_dir, e))?;
