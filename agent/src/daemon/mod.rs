@@ -22,6 +22,7 @@ mod root;
 mod stale;
 mod status;
 mod upkeep;
+mod usage;
 
 pub use crate::fs::handover::Attach;
 pub use metrics::serve_metrics;
@@ -29,6 +30,7 @@ pub use recorder::Recorder;
 pub use root::{node_client, run, Listeners};
 pub use status::{MountStatus, Status, SwarmStatus};
 pub use upkeep::VerifyReport;
+pub use usage::{CacheUsage, PruneReport};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -309,6 +311,8 @@ impl Agent {
             }
             Request::Status => Ok(to_json(self.status())),
             Request::CacheVerify => Ok(to_json(upkeep::verify_all(&self.cache, None).await)),
+            Request::CacheUsage => Ok(to_json(self.cache_usage().await?)),
+            Request::CachePrune { keep } => Ok(to_json(self.cache_prune(keep).await?)),
         }
     }
 
