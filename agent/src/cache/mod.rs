@@ -707,10 +707,14 @@ impl ChunkCache {
     }
 
     /// Evicts least recently used chunks that no mount pins until at most `keep`
-    /// bytes of chunks remain (`tessera cache prune`); 0 evicts all of them. Returns
-    /// the chunks and bytes evicted.
+    /// bytes of chunks remain (`tessera cache prune`); 0 evicts all of them. Backing
+    /// files go down to a quarter of `keep` first: they are copies, and one left
+    /// behind would keep serving a pruned image (open ones stay readable, and a
+    /// mounted image's are made again at their next close). Returns the chunks and
+    /// bytes evicted.
     pub fn prune(&self, keep: u64) -> Result<(u64, u64)> {
         let (evictions, bytes) = (self.evictions.load(Relaxed), self.bytes.load(Relaxed));
+        self.files.evict_to(keep / 4);
         self.evict_to(keep)?;
         Ok((
             self.evictions.load(Relaxed) - evictions,
