@@ -149,14 +149,16 @@ impl ChunkCache {
         let low = (u128::from(usage.size) * u128::from(disk.marks.low_percent) / 100) as u64;
         let excess = usage.used.saturating_sub(low);
         let bytes = self.bytes.load(Relaxed);
-        tracing::info!(
-            used_percent = format!("{:.1}", usage.percent()),
-            high = disk.marks.high_percent,
-            low = disk.marks.low_percent,
-            freeing = excess,
-            "the cache filesystem is above its high watermark: evicting unpinned chunks"
-        );
-        self.evict_to(bytes.saturating_sub(excess))?;
+        if self.evictable() {
+            tracing::info!(
+                used_percent = format!("{:.1}", usage.percent()),
+                high = disk.marks.high_percent,
+                low = disk.marks.low_percent,
+                freeing = excess,
+                "the cache filesystem is above its high watermark: evicting unpinned chunks"
+            );
+            self.evict_to(bytes.saturating_sub(excess))?;
+        }
         if !self.evictable() && excess > bytes.saturating_sub(self.bytes.load(Relaxed)) {
             let mut warned = disk.warned.lock().unwrap_or_else(PoisonError::into_inner);
             if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {

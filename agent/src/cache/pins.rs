@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 use super::{ChunkCache, ChunkKey, Index};
 
 /// A mounted image's chunks, pinned until this is dropped (see the module docs).
+/// Dropping it evicts what is then past the capacity: blocking, keep it off async
+/// workers.
 #[must_use = "the chunks are pinned only while the pin lives"]
 pub struct ImagePin {
     cache: Arc<ChunkCache>,
@@ -149,9 +151,14 @@ impl ChunkCache {
         }
     }
 
+    /// Drops a set and evicts what is past the capacity now that its chunks may go
+    /// (the cache may have grown past it while they were pinned).
     fn unpin_set(&self, id: u64) {
         self.memory().unpin_set(id);
         self.check_pinned_capacity();
+        if let Err(e) = self.keep_capacity() {
+            tracing::warn!(error = %e, "could not evict after an unmount");
+        }
     }
 
     /// Bytes of cached chunks that mounts pin.

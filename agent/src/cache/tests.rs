@@ -687,7 +687,7 @@ fn pinned_chunks_past_the_capacity_are_still_stored_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Arc::new(ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap());
     let all = chunks(4);
-    let _pin = cache.pin_image("big".into(), all.iter().map(|(k, _)| *k).collect());
+    let pin = cache.pin_image("big".into(), all.iter().map(|(k, _)| *k).collect());
     for (key, data) in &all {
         cache.put(key, data).unwrap();
     }
@@ -697,6 +697,12 @@ fn pinned_chunks_past_the_capacity_are_still_stored_and_reported() {
     assert!(stats.pinned_over_capacity);
     // Nothing unpinned: a prune frees nothing.
     assert_eq!(cache.prune(0).unwrap(), (0, 0));
+    assert_consistent(&cache);
+    // Unpinned, the cache is brought back within its capacity at once.
+    drop(pin);
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.evictions), (2 * SIZE as u64, 2));
+    assert!(!stats.pinned_over_capacity);
     assert_consistent(&cache);
 }
 

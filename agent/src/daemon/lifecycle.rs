@@ -185,7 +185,7 @@ impl Mount {
             let _ = tokio::task::spawn_blocking(move || session.unmount()).await;
         }
         *self.state() = State::Gone;
-        self.unpin();
+        self.unpin().await;
         let status = self.status();
         tracing::info!("unmounted: {status}");
         status
@@ -211,13 +211,18 @@ impl Mount {
             return;
         };
         self.stop_prefetch();
-        self.unpin();
+        self.unpin().await;
         session.leave_mounted();
         tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");
     }
 
-    fn unpin(&self) {
-        drop(self.pin.lock().unwrap_or_else(|p| p.into_inner()).take());
+    /// Releases the image's pin; its drop may evict (file removals): not on an async
+    /// worker.
+    async fn unpin(&self) {
+        let pin = self.pin.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if pin.is_some() {
+            let _ = tokio::task::spawn_blocking(move || drop(pin)).await;
+        }
     }
 
     /// The keys of the image's chunks, pinned while it is mounted.
