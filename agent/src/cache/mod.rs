@@ -35,6 +35,11 @@
 //!   clock jumps; a hit changes memory only.
 //! - **Capacity is kept after every put** by evicting from the front of the LRU order,
 //!   skipping pinned chunks; a full disk evicts a little and tries the write again.
+//! - **What runs is never evicted.** The chunks of mounted images are pinned
+//!   ([`ChunkCache::pin_image`], `pins.rs`) and kept out of the LRU order; when they
+//!   alone exceed the capacity they are stored past it (logged, reported) and the
+//!   release of the last pin on them evicts back to it. Besides the capacity, high/low
+//!   watermarks on the filesystem's usage evict unpinned chunks (`disk.rs`).
 //! - **A full disk degrades, it does not stop.** When the disk (shared with other
 //!   tenants) is full and nothing can be evicted, `put` fails with
 //!   [`Error::CacheDiskFull`], the cache reports itself degraded (status, metric, one
