@@ -27,6 +27,9 @@ pub struct ImagePin {
     cache: Arc<ChunkCache>,
     id: u64,
     keys: Arc<[ChunkKey]>,
+    /// Whether the release evicts what is then past the capacity (not when the mount
+    /// stays for the next agent, which pins it again).
+    evict: bool,
 }
 
 impl std::fmt::Debug for ImagePin {
@@ -43,11 +46,17 @@ impl ImagePin {
     pub fn keys(&self) -> &Arc<[ChunkKey]> {
         &self.keys
     }
+
+    /// Releases the pin without evicting anything: the mount outlives this agent
+    /// and the next one pins its chunks again, so they must still be there.
+    pub fn release_without_evicting(mut self) {
+        self.evict = false;
+    }
 }
 
 impl Drop for ImagePin {
     fn drop(&mut self) {
-        self.cache.unpin_set(self.id);
+        self.cache.unpin_set(self.id, self.evict);
     }
 }
 
@@ -148,14 +157,18 @@ impl ChunkCache {
             cache: self.clone(),
             id,
             keys,
+            evict: true,
         }
     }
 
     /// Drops a set and evicts what is past the capacity now that its chunks may go
     /// (the cache may have grown past it while they were pinned).
-    fn unpin_set(&self, id: u64) {
+    fn unpin_set(&self, id: u64, evict: bool) {
         self.memory().unpin_set(id);
         self.check_pinned_capacity();
+        if !evict {
+            return;
+        }
         if let Err(e) = self.keep_capacity() {
             tracing::warn!(error = %e, "could not evict after an unmount");
         }

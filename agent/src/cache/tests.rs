@@ -814,3 +814,19 @@ fn puts_check_the_watermarks_without_a_syscall_per_chunk() {
         asked.load(Relaxed)
     );
 }
+
+#[test]
+fn a_mount_left_for_the_next_agent_releases_its_pin_without_evicting() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap());
+    let all = chunks(3);
+    let pin = cache.pin_image("kept".into(), all.iter().map(|(k, _)| *k).collect());
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    pin.release_without_evicting();
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.pinned_bytes), (3 * SIZE as u64, 0));
+    assert!(all.iter().all(|(k, _)| cache.contains(k)));
+    assert_consistent(&cache);
+}

@@ -211,7 +211,9 @@ impl Mount {
             return;
         };
         self.stop_prefetch();
-        self.unpin().await;
+        if let Some(pin) = self.pin.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            pin.release_without_evicting();
+        }
         session.leave_mounted();
         tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");
     }
