@@ -1,7 +1,7 @@
 //! The agent's local API: one JSON request per connection, one JSON answer, on a unix
 //! socket (anyone who can open it may call) and optionally on TCP, where every request
-//! must carry the token from `api_token_file`. `tessera mount`, `umount` and `status`
-//! are its clients.
+//! must carry the token from `api_token_file`. `tessera mount`, `umount`, `status`
+//! and `cache` are its clients.
 //!
 //! This module is the protocol and its client; the daemon serves it
 //! (`daemon::local_api`), so the protocol depends on nothing of the daemon.
@@ -38,6 +38,15 @@ pub enum Request {
     Status,
     /// Verify every cached chunk now (`tessera cache verify`), dropping what fails.
     CacheVerify,
+    /// What the cache holds, what mounts pin, the disk against its watermarks
+    /// (`tessera cache usage`).
+    CacheUsage,
+    /// Evict every chunk no mounted image pins, or only down to `keep` bytes
+    /// (`tessera cache prune`).
+    CachePrune {
+        #[serde(default)]
+        keep: Option<u64>,
+    },
 }
 
 /// A request as sent: the token matters only on TCP.

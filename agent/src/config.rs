@@ -32,6 +32,12 @@ pub struct AgentConfig {
     /// chunks are evicted beyond it.
     #[serde(with = "size")]
     pub cache_capacity: u64,
+    /// When the filesystem holding the cache (often shared with the node) is more than
+    /// this percent full, the cache evicts chunks no mounted image pins, least recently
+    /// used first, until it is below `cache_disk_low_percent`. 100: off (only
+    /// `cache_capacity` bounds the cache).
+    pub cache_disk_high_percent: u8,
+    pub cache_disk_low_percent: u8,
     /// Prometheus metrics (`/metrics`) on this address, if set.
     pub metrics_listen: Option<String>,
     /// What to fetch in the background after a mount.
@@ -454,6 +460,8 @@ impl Default for AgentConfig {
             api_tls_key: None,
             cache_dir: PathBuf::from("/var/lib/tessera/cache"),
             cache_capacity: 10 << 30,
+            cache_disk_high_percent: 90,
+            cache_disk_low_percent: 80,
             metrics_listen: None,
             prefetch: Prefetch::List,
             shutdown_grace_secs: 10,
@@ -490,6 +498,12 @@ impl AgentConfig {
             problems.push(format!(
                 "cache_capacity: {} bytes is less than the 16 MiB one large chunk needs",
                 self.cache_capacity
+            ));
+        }
+        let (high, low) = (self.cache_disk_high_percent, self.cache_disk_low_percent);
+        if high > 100 || low == 0 || low >= high {
+            problems.push(format!(
+                "cache_disk_high_percent, cache_disk_low_percent: {high} and {low}; need 0 < low < high <= 100"
             ));
         }
         if self.scrub.bytes_per_sec > 0 && self.scrub.every_hours == 0 {
@@ -625,6 +639,8 @@ mod tests {
     fn problems_are_all_reported_by_key() {
         let c = AgentConfig {
             cache_capacity: 1,
+            cache_disk_high_percent: 80,
+            cache_disk_low_percent: 85,
             api_listen: Some("nope".into()),
             fetch: FetchConfig {
                 workers: 0,
@@ -635,6 +651,7 @@ mod tests {
         let problems = c.validate().unwrap_err();
         for key in [
             "cache_capacity",
+            "cache_disk_high_percent, cache_disk_low_percent",
             "api_listen: the TCP",
             "api_listen: \"nope\"",
             "fetch.workers",

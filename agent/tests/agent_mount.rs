@@ -465,8 +465,9 @@ fn a_read_returns_before_the_rest_of_its_merged_run_arrives() {
     assert_eq!(fetched(&agent), 4);
 }
 
-/// A cache smaller than the image: reading everything works and the cache stays
-/// within its capacity.
+/// A cache smaller than the image: reading everything works; while mounted the image's
+/// chunks are pinned (never evicted: the cache grows past its capacity, and says so),
+/// and the unmount brings the cache back within its capacity.
 #[test]
 fn a_small_cache_holds_its_capacity() {
     let t = tempfile::tempdir().unwrap();
@@ -496,8 +497,14 @@ fn a_small_cache_holds_its_capacity() {
         }
     }
     let cache = &agent.status()["cache"];
+    assert_eq!(cache["bytes"], 12 * (4 << 20), "{cache}");
+    assert_eq!(cache["pinned_over_capacity"], true, "{cache}");
+    assert_eq!(cache["evictions"], 0, "{cache}");
+    agent.ok(&["umount", s(&mnt)]);
+    let cache = &agent.status()["cache"];
     assert!(cache["bytes"].as_u64().unwrap() <= 16 << 20, "{cache}");
     assert!(cache["evictions"].as_u64().unwrap() > 0, "{cache}");
+    assert_eq!(cache["pinned_bytes"], 0, "{cache}");
 }
 
 /// kill -9 during heavy reads: the restarted agent clears the stale mount, and
@@ -1159,11 +1166,12 @@ fn a_cache_disk_filled_mid_read_survives_a_restart() {
     );
     disk.fill("someone-elses-file");
     assert_files_read(&mnt, &files[6..], "after the disk filled", &agent);
-    // Each new chunk took the room of the oldest (the chunks no reader holds).
+    // The mounted image's chunks are pinned, so none is evicted to make room: the
+    // rest is served uncached (degraded).
     let (entries, degraded) = cache_figures(&agent);
     let evictions = agent.status()["cache"]["evictions"].as_u64().unwrap();
     assert!(
-        entries >= 5 && evictions >= 5 && !degraded,
+        entries == 6 && evictions == 0 && degraded,
         "after the fill: {entries} entries, {evictions} evictions, degraded {degraded}\n{}",
         agent.log()
     );

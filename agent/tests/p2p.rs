@@ -754,6 +754,8 @@ fn an_evicting_peer_is_no_longer_advertised_for_what_it_evicted() {
     }
     let mnt = swarm.mount(&seed);
     swarm.read_all(&mnt);
+    // Mounted, the image is pinned; its unmount evicts down to the capacity.
+    seed.ok(&["umount", mnt.to_str().unwrap()]);
     let cache = seed.status()["cache"].clone();
     assert!(cache["evictions"].as_u64().unwrap() > 0, "{cache}");
     let on_disk: u64 = chunk_files(&seed).iter().map(|(_, size)| size).sum();

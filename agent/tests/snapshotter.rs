@@ -310,6 +310,27 @@ fn cri_pull_of_a_tessera_image_downloads_no_layers_and_containers_run() {
         expected_output("c2")
     );
     assert_eq!(node.agent.status()["mounts"].as_array().unwrap().len(), 1);
+    // The image's lazy snapshot reports the bytes of its chunks the cache holds (what
+    // the containers read), the blob layers' snapshots nothing.
+    let usage = node
+        .containerd
+        .ctr_k8s(&["snapshots", "--snapshotter", "tessera", "usage"]);
+    let usage = String::from_utf8_lossy(&usage.stdout).into_owned();
+    let sized: Vec<&str> = usage
+        .lines()
+        .filter(|l| l.starts_with("sha256:"))
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|size| size.parse::<f64>().ok())
+                .is_some_and(|size| size > 0.0)
+        })
+        .collect();
+    assert_eq!(
+        sized.len(),
+        1,
+        "one committed snapshot holds bytes:\n{usage}"
+    );
 
     // A container that keeps running while the agent restarts.
     let started = node.containerd.ctr_k8s(&[

@@ -35,6 +35,11 @@
 //!   clock jumps; a hit changes memory only.
 //! - **Capacity is kept after every put** by evicting from the front of the LRU order,
 //!   skipping pinned chunks; a full disk evicts a little and tries the write again.
+//! - **What runs is never evicted.** The chunks of mounted images are pinned
+//!   ([`ChunkCache::pin_image`], `pins.rs`) and kept out of the LRU order; when they
+//!   alone exceed the capacity they are stored past it (logged, reported) and the
+//!   release of the last pin on them evicts back to it. Besides the capacity, high/low
+//!   watermarks on the filesystem's usage evict unpinned chunks (`disk.rs`).
 //! - **A full disk degrades, it does not stop.** When the disk (shared with other
 //!   tenants) is full and nothing can be evicted, `put` fails with
 //!   [`Error::CacheDiskFull`], the cache reports itself degraded (status, metric, one
@@ -51,9 +56,11 @@
 //! [`pieces`] keeps, beside the chunks, the piece tables of plain blobs the registry
 //! mirror cut (the peer service serves them too, so they sit below both).
 
+mod disk;
 mod files;
 mod layout;
 pub mod pieces;
+mod pins;
 #[cfg(test)]
 mod tests;
 mod warm;
@@ -75,8 +82,10 @@ use serde::{Deserialize, Serialize};
 use tempfile::NamedTempFile;
 
 use crate::{Error, Result};
+pub use disk::{DiskSpace, DiskUsage, Watermarks};
 pub use files::FileLayout;
 use layout::{chunk_path, entry_key, shard_dir, Entry, ENTRY_PREFIX, SYNCED_FILE, TMP_PREFIX};
+pub use pins::{ImagePin, PinnedSet};
 
 /// A chunk's identity: the digest of its uncompressed bytes and the algorithm that made
 /// it (images choose the algorithm, so it is part of the key).
@@ -124,6 +133,13 @@ pub struct CacheStats {
     /// [`ChunkCache::warm`]).
     #[serde(default)]
     pub warmed_bytes: u64,
+    /// Bytes of cached chunks that mounted images pin (never evicted while mounted).
+    #[serde(default)]
+    pub pinned_bytes: u64,
+    /// Pinned chunks alone exceed the capacity: the cache holds more than it should
+    /// until images are unmounted.
+    #[serde(default)]
+    pub pinned_over_capacity: bool,
 }
 
 /// Why chunks left the cache, for the hook set with [`ChunkCache::on_drop`].
@@ -199,21 +215,32 @@ struct Index {
     uses_written: Option<Instant>,
     /// Untrusted slots.
     untrusted: u64,
+    /// Mounted images' pins (`pins.rs`); pinned slots are not in `order`.
+    pins: pins::MountPins,
 }
 
 impl Index {
     fn insert(&mut self, key: ChunkKey, slot: Slot) {
-        if let Some(old) = self.slots.insert(key, slot) {
+        let old = self.slots.insert(key, slot);
+        if let Some(old) = old {
             self.order.remove(&old.seq);
             self.untrusted -= u64::from(!old.trusted);
         }
-        self.order.insert(slot.seq, key);
+        if self.pins.contains(&key) {
+            self.pins.bytes = self.pins.bytes - old.map_or(0, |o| o.size) + slot.size;
+        } else {
+            self.order.insert(slot.seq, key);
+        }
         self.untrusted += u64::from(!slot.trusted);
     }
 
     fn remove(&mut self, key: &ChunkKey) -> Option<Slot> {
         let slot = self.slots.remove(key)?;
-        self.order.remove(&slot.seq);
+        if self.pins.contains(key) {
+            self.pins.bytes -= slot.size;
+        } else {
+            self.order.remove(&slot.seq);
+        }
         self.used.remove(key);
         self.untrusted -= u64::from(!slot.trusted);
         Some(slot)
@@ -265,6 +292,11 @@ pub struct ChunkCache {
     checkpointing: Mutex<()>,
     /// The last put found the disk full with nothing left to evict.
     disk_full: AtomicBool,
+    /// Pinned chunks alone exceed the capacity (`pins.rs`).
+    pinned_over: AtomicBool,
+    /// The high/low watermarks on the cache filesystem's usage (`disk.rs`); `None`:
+    /// only the byte capacity bounds the cache.
+    disk: Option<disk::DiskWatch>,
     /// When the full disk was last warned about.
     full_warned: Mutex<Option<Instant>>,
     /// Told of every chunk that leaves the cache after open (set once; a callback so
@@ -363,6 +395,8 @@ impl ChunkCache {
             evicting: Mutex::new(()),
             checkpointing: Mutex::new(()),
             disk_full: AtomicBool::new(false),
+            pinned_over: AtomicBool::new(false),
+            disk: None,
             full_warned: Mutex::new(None),
             on_drop: std::sync::OnceLock::new(),
             #[cfg(test)]
@@ -494,9 +528,15 @@ impl ChunkCache {
         }
     }
 
-    /// Every cached chunk's key, least recently used first (what a scrub walks).
+    /// Every cached chunk's key, least recently used first (what a scrub walks),
+    /// pinned ones included.
     pub fn keys(&self) -> Vec<ChunkKey> {
-        self.memory().order.values().copied().collect()
+        let mut keys: Vec<(u64, ChunkKey)> = {
+            let memory = self.memory();
+            memory.slots.iter().map(|(k, s)| (s.seq, *k)).collect()
+        };
+        keys.sort_unstable_by_key(|(seq, _)| *seq);
+        keys.into_iter().map(|(_, key)| key).collect()
     }
 
     /// Whether the chunk is cached.
@@ -547,7 +587,10 @@ impl ChunkCache {
         if self.disk_full.swap(false, Relaxed) {
             tracing::info!(dir = %self.data_dir.display(), "the cache disk has room again: caching chunks again");
         }
-        self.keep_capacity()
+        self.keep_capacity()?;
+        self.check_pinned_capacity();
+        self.written(size);
+        Ok(())
     }
 
     /// Evicts what is past the capacity: backing files past their quarter first, then
@@ -668,6 +711,22 @@ impl ChunkCache {
         full
     }
 
+    /// Evicts least recently used chunks that no mount pins until at most `keep`
+    /// bytes of chunks remain (`tessera cache prune`); 0 evicts all of them. Backing
+    /// files go down to a quarter of `keep` first: they are copies, and one left
+    /// behind would keep serving a pruned image (open ones stay readable, and a
+    /// mounted image's are made again at their next close). Returns the chunks and
+    /// bytes evicted.
+    pub fn prune(&self, keep: u64) -> Result<(u64, u64)> {
+        let (evictions, bytes) = (self.evictions.load(Relaxed), self.bytes.load(Relaxed));
+        self.files.evict_to(keep / 4);
+        self.evict_to(keep)?;
+        Ok((
+            self.evictions.load(Relaxed) - evictions,
+            bytes.saturating_sub(self.bytes.load(Relaxed)),
+        ))
+    }
+
     /// Drops a chunk (the registry mirror drops the pieces of a blob that failed its
     /// digest); `true` if it was cached.
     pub fn remove(&self, key: &ChunkKey) -> Result<bool> {
@@ -703,6 +762,10 @@ impl ChunkCache {
     }
 
     pub fn stats(&self) -> CacheStats {
+        // Each takes the index lock: not within one expression, whose temporaries
+        // would hold the first guard while the second waits.
+        let unverified = self.memory().untrusted;
+        let pinned_bytes = self.pinned_bytes();
         CacheStats {
             entries: self.entries.load(Relaxed),
             bytes: self.bytes.load(Relaxed),
@@ -713,10 +776,12 @@ impl ChunkCache {
             verification_failures: self.verification_failures.load(Relaxed),
             degraded: self.disk_full.load(Relaxed),
             stored_bytes: self.stored_bytes.load(Relaxed),
-            unverified: self.memory().untrusted,
+            unverified,
             verified_bytes: self.verified_bytes.load(Relaxed),
             backing_bytes: self.files.bytes(),
             warmed_bytes: self.warmed_bytes.load(Relaxed),
+            pinned_bytes,
+            pinned_over_capacity: self.pinned_over.load(Relaxed),
         }
     }
 
@@ -886,7 +951,7 @@ impl ChunkCache {
 
     /// Whether eviction could free anything (pinned chunks aside).
     fn evictable(&self) -> bool {
-        self.bytes.load(Relaxed) > 0
+        self.bytes.load(Relaxed) > self.pinned_bytes()
     }
 
     fn try_write_temp(&self, shard: &Path, data: &[u8]) -> io::Result<NamedTempFile> {
@@ -983,7 +1048,9 @@ impl ChunkCache {
                     continue;
                 }
                 // A key used since the scan took it has a later place: not evicted now.
-                if let Some(slot) = self.slot(&key).filter(|slot| slot.seq == seq) {
+                // (None is pinned since: `pin_image` waits for the scan to end.)
+                let slot = self.slot(&key).filter(|slot| slot.seq == seq);
+                if let Some(slot) = slot.filter(|_| !self.memory().pins.contains(&key)) {
                     self.remove_locked(&key, slot)?;
                     self.evictions.fetch_add(1, Relaxed);
                     evicted.push(key);

@@ -1,4 +1,4 @@
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Barrier};
 
 use std::os::unix::fs::FileExt;
@@ -47,6 +47,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 fn assert_consistent(cache: &ChunkCache) {
     cache.write_uses().unwrap();
     let mut bytes = 0;
+    let (mut pinned, mut pinned_bytes) = (0, 0);
     let mut paths = Vec::new();
     let memory = cache.memory();
     for record in cache.index.scan_prefix([ENTRY_PREFIX]) {
@@ -55,14 +56,25 @@ fn assert_consistent(cache: &ChunkCache) {
         let entry = Entry::decode(&v).unwrap();
         let slot = memory.slots[&key];
         assert_eq!((slot.size, slot.seq), (entry.size, entry.seq), "{key}");
-        assert_eq!(memory.order.get(&slot.seq), Some(&key));
+        if memory.pins.contains(&key) {
+            assert_eq!(
+                memory.order.get(&slot.seq),
+                None,
+                "pinned {key} is in the order"
+            );
+            pinned_bytes += slot.size;
+            pinned += 1;
+        } else {
+            assert_eq!(memory.order.get(&slot.seq), Some(&key));
+        }
         let path = chunk_path(&cache.data_dir, &key);
         assert_eq!(fs::metadata(&path).unwrap().len(), entry.size);
         bytes += entry.size;
         paths.push(path);
     }
     assert_eq!(memory.slots.len(), paths.len());
-    assert_eq!(memory.order.len(), paths.len());
+    assert_eq!(memory.order.len(), paths.len() - pinned);
+    assert_eq!(memory.pins.bytes, pinned_bytes);
     let untrusted = memory.slots.values().filter(|s| !s.trusted).count() as u64;
     assert_eq!(memory.untrusted, untrusted);
     drop(memory);
@@ -585,4 +597,236 @@ fn backing_files_are_copies_within_a_quarter_of_the_capacity() {
     assert_eq!(cache.stats().backing_bytes, 0);
     assert!(cache.backing_file(&two(2, 3)).is_none());
     assert!(files_under(&dir.path().join("files")).is_empty());
+}
+
+#[test]
+fn chunks_of_mounted_images_survive_eviction_until_unpinned() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 4 * SIZE as u64).unwrap());
+    let all = chunks(10);
+    // The "image" is chunks 0..3; chunk 2 is not cached yet when it is mounted.
+    for (key, data) in &all[..2] {
+        cache.put(key, data).unwrap();
+    }
+    let image: Vec<ChunkKey> = all[..3].iter().map(|(k, _)| *k).collect();
+    let pin = cache.pin_image("image".into(), image.clone());
+    cache.put(&all[2].0, &all[2].1).unwrap();
+    assert_eq!(cache.pinned_bytes(), 3 * SIZE as u64);
+    // Pressure: seven more chunks through a four-chunk cache.
+    for (key, data) in &all[3..] {
+        cache.put(key, data).unwrap();
+        assert_consistent(&cache);
+    }
+    assert!(
+        image.iter().all(|k| cache.contains(k)),
+        "pinned chunks stay"
+    );
+    assert_eq!(
+        cache.stats().bytes,
+        4 * SIZE as u64,
+        "one unpinned slot left"
+    );
+    assert!(cache.contains(&all[9].0));
+    assert_eq!(cache.cached_bytes(&image), 3 * SIZE as u64);
+    let sets = cache.pinned_sets();
+    assert_eq!(sets.len(), 1);
+    assert_eq!((sets[0].chunks, sets[0].cached_bytes), (3, 3 * SIZE as u64));
+    drop(pin);
+    assert_eq!(cache.pinned_bytes(), 0);
+    assert!(cache.pinned_sets().is_empty());
+    assert_consistent(&cache);
+    // Released, they are the least recently used again: the next puts evict them.
+    for (key, data) in &all[3..6] {
+        cache.put(key, data).unwrap();
+    }
+    assert!(image.iter().all(|k| !cache.contains(k)));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn two_mounts_of_one_image_pin_it_until_both_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap());
+    let all = chunks(6);
+    let image = vec![all[0].0, all[1].0, all[0].0];
+    let first = cache.pin_image("a".into(), image.clone());
+    let second = cache.pin_image("b".into(), image.clone());
+    assert_eq!(
+        first.keys().len(),
+        2,
+        "a key named twice is pinned once per set"
+    );
+    for (key, data) in &all[..2] {
+        cache.put(key, data).unwrap();
+    }
+    assert_eq!(
+        cache.pinned_bytes(),
+        2 * SIZE as u64,
+        "each chunk counted once"
+    );
+    drop(first);
+    for (key, data) in &all[2..4] {
+        cache.put(key, data).unwrap();
+    }
+    assert!(cache.contains(&all[0].0) && cache.contains(&all[1].0));
+    assert!(
+        !cache.contains(&all[2].0),
+        "nothing unpinned left: stored, then evicted"
+    );
+    assert_consistent(&cache);
+    drop(second);
+    for (key, data) in &all[4..6] {
+        cache.put(key, data).unwrap();
+    }
+    assert!(!cache.contains(&all[0].0) && !cache.contains(&all[1].0));
+    assert_consistent(&cache);
+}
+
+#[test]
+fn pinned_chunks_past_the_capacity_are_still_stored_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap());
+    let all = chunks(4);
+    let pin = cache.pin_image("big".into(), all.iter().map(|(k, _)| *k).collect());
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    assert!(all.iter().all(|(k, _)| cache.contains(k)));
+    let stats = cache.stats();
+    assert_eq!(stats.pinned_bytes, 4 * SIZE as u64);
+    assert!(stats.pinned_over_capacity);
+    // Nothing unpinned: a prune frees nothing.
+    assert_eq!(cache.prune(0).unwrap(), (0, 0));
+    assert_consistent(&cache);
+    // Unpinned, the cache is brought back within its capacity at once.
+    drop(pin);
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.evictions), (2 * SIZE as u64, 2));
+    assert!(!stats.pinned_over_capacity);
+    assert_consistent(&cache);
+}
+
+#[test]
+fn prune_evicts_unpinned_chunks_down_to_what_it_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 16 * SIZE as u64).unwrap());
+    let all = chunks(6);
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    let _pin = cache.pin_image("one".into(), vec![all[0].0]);
+    assert_eq!(cache.prune(4 * SIZE as u64).unwrap(), (2, 2 * SIZE as u64));
+    assert!(cache.contains(&all[0].0) && !cache.contains(&all[1].0) && cache.contains(&all[3].0));
+    assert_eq!(cache.prune(0).unwrap(), (3, 3 * SIZE as u64));
+    assert_eq!(cache.keys(), vec![all[0].0]);
+    assert_consistent(&cache);
+}
+
+/// A filesystem whose usage the test sets, plus what the cache holds (as a real one
+/// would count it).
+struct FakeDisk {
+    other: Arc<AtomicU64>,
+    cache: Arc<AtomicU64>,
+    size: u64,
+}
+
+impl DiskSpace for FakeDisk {
+    fn usage(&self) -> io::Result<DiskUsage> {
+        Ok(DiskUsage {
+            used: self.other.load(Relaxed) + self.cache.load(Relaxed),
+            size: self.size,
+        })
+    }
+}
+
+#[test]
+fn above_the_high_watermark_unpinned_chunks_go_until_below_the_low_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(AtomicU64::new(0));
+    let disk = FakeDisk {
+        other: other.clone(),
+        cache: held.clone(),
+        size: 100 * SIZE as u64,
+    };
+    let marks = Watermarks {
+        high_percent: 90,
+        low_percent: 80,
+    };
+    let cache = Arc::new(
+        ChunkCache::open(dir.path(), 1 << 30)
+            .unwrap()
+            .with_watermarks(marks, Some(Box::new(disk))),
+    );
+    let all = chunks(20);
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    held.store(cache.stats().bytes, Relaxed);
+    let _pin = cache.pin_image("mounted".into(), vec![all[0].0, all[1].0]);
+    // Below high: nothing happens.
+    other.store(60 * SIZE as u64, Relaxed);
+    cache.keep_watermarks().unwrap();
+    assert_eq!(cache.stats().entries, 20);
+    // Another tenant fills the disk to 95%: 15 chunks must go to reach 80%, the
+    // least recently used unpinned ones (2..17).
+    other.store(75 * SIZE as u64, Relaxed);
+    let usage = cache.keep_watermarks().unwrap().unwrap();
+    assert_eq!(usage.percent(), 95.0);
+    assert_eq!(cache.stats().entries, 5);
+    let kept: Vec<ChunkKey> = [0, 1, 17, 18, 19].iter().map(|&i| all[i].0).collect();
+    assert!(kept.iter().all(|k| cache.contains(k)));
+    held.store(cache.stats().bytes, Relaxed);
+    // Past what can be freed: every unpinned chunk goes, the pinned ones stay.
+    other.store(98 * SIZE as u64, Relaxed);
+    cache.keep_watermarks().unwrap();
+    assert_eq!(cache.keys(), vec![all[0].0, all[1].0]);
+    assert_consistent(&cache);
+}
+
+#[test]
+fn puts_check_the_watermarks_without_a_syscall_per_chunk() {
+    struct Counting(Arc<AtomicU64>);
+    impl DiskSpace for Counting {
+        fn usage(&self) -> io::Result<DiskUsage> {
+            self.0.fetch_add(1, Relaxed);
+            Ok(DiskUsage { used: 1, size: 100 })
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let asked = Arc::new(AtomicU64::new(0));
+    let marks = Watermarks {
+        high_percent: 90,
+        low_percent: 80,
+    };
+    let cache = ChunkCache::open(dir.path(), 1 << 30)
+        .unwrap()
+        .with_watermarks(marks, Some(Box::new(Counting(asked.clone()))));
+    let started = Instant::now();
+    for (key, data) in chunks(200) {
+        cache.put(&key, &data).unwrap();
+    }
+    // 800 KiB: never due by bytes, so at most once a second.
+    let most = started.elapsed().as_secs() + 1;
+    assert!(
+        asked.load(Relaxed) <= most,
+        "asked {} times",
+        asked.load(Relaxed)
+    );
+}
+
+#[test]
+fn a_mount_left_for_the_next_agent_releases_its_pin_without_evicting() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Arc::new(ChunkCache::open(dir.path(), 2 * SIZE as u64).unwrap());
+    let all = chunks(3);
+    let pin = cache.pin_image("kept".into(), all.iter().map(|(k, _)| *k).collect());
+    for (key, data) in &all {
+        cache.put(key, data).unwrap();
+    }
+    pin.release_without_evicting();
+    let stats = cache.stats();
+    assert_eq!((stats.bytes, stats.pinned_bytes), (3 * SIZE as u64, 0));
+    assert!(all.iter().all(|(k, _)| cache.contains(k)));
+    assert_consistent(&cache);
 }

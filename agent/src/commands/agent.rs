@@ -6,7 +6,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use tessera_agent::api::{self, Request};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
-use tessera_agent::daemon::{self, Listeners, MountStatus, Status, VerifyReport};
+use tessera_agent::daemon::{
+    self, CacheUsage, Listeners, MountStatus, PruneReport, Status, VerifyReport,
+};
 use tokio::net::TcpListener;
 
 use super::image::{print_out, print_summary};
@@ -26,6 +28,13 @@ pub struct AgentArgs {
     /// Bytes the chunk cache may hold (`10G`, `512M`).
     #[arg(long, env = "TESSERA_CACHE_CAPACITY", value_parser = parse_size, value_name = "SIZE")]
     cache_capacity: Option<u64>,
+    /// Evict unpinned chunks when the cache's filesystem is fuller than this percent
+    /// (100: off).
+    #[arg(long, env = "TESSERA_CACHE_DISK_HIGH_PERCENT", value_name = "PERCENT")]
+    cache_disk_high_percent: Option<u8>,
+    /// …until it is below this percent.
+    #[arg(long, env = "TESSERA_CACHE_DISK_LOW_PERCENT", value_name = "PERCENT")]
+    cache_disk_low_percent: Option<u8>,
     /// Serve Prometheus metrics on `host:port` (`/metrics`).
     #[arg(long, env = "TESSERA_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<String>,
@@ -159,6 +168,12 @@ impl AgentArgs {
         }
         if let Some(v) = self.cache_capacity {
             c.cache_capacity = v;
+        }
+        if let Some(v) = self.cache_disk_high_percent {
+            c.cache_disk_high_percent = v;
+        }
+        if let Some(v) = self.cache_disk_low_percent {
+            c.cache_disk_low_percent = v;
         }
         if let Some(v) = self.shutdown_grace {
             c.shutdown_grace_secs = v;
@@ -416,10 +431,26 @@ pub enum CacheCommand {
     /// that fail (they are fetched again when next read). The agent also does this in
     /// the background, slowly (`[scrub]`).
     Verify(CacheVerifyArgs),
+    /// What the cache holds: bytes, chunks, capacity, the bytes mounted images pin
+    /// (never evicted while mounted) and each mount's, and the cache filesystem's
+    /// usage against its watermarks.
+    Usage(CacheVerifyArgs),
+    /// Evict every cached chunk no mounted image pins (they are fetched again when
+    /// next read), or with `--keep` only down to that many bytes.
+    Prune(CachePruneArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct CacheVerifyArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CachePruneArgs {
+    /// Keep this many bytes of chunks (`2G`, `512M`), the most recently used.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    keep: Option<u64>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -452,6 +483,21 @@ pub fn cache(command: CacheCommand) -> Result<()> {
                 );
             }
             Ok(())
+        }
+        CacheCommand::Usage(args) => {
+            let result = call(&args.client, Request::CacheUsage)
+                .context("ask the agent for its cache usage")?;
+            let usage: CacheUsage = serde_json::from_value(result)?;
+            print_summary(&usage, args.client.json)
+        }
+        CacheCommand::Prune(args) => {
+            let result = call(&args.client, Request::CachePrune { keep: args.keep })
+                .context("ask the agent to prune its cache")?;
+            let report: PruneReport = serde_json::from_value(result)?;
+            if args.client.json {
+                return print_summary(&report, true);
+            }
+            print_out(format_args!("{report}\n"))
         }
     }
 }

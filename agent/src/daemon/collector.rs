@@ -116,6 +116,16 @@ impl Collector for AgentCollector {
                 cache.unverified as i64,
             ),
             (
+                "tessera_agent_cache_pinned_bytes",
+                "Bytes of cached chunks that mounted images pin (never evicted while mounted)",
+                cache.pinned_bytes as i64,
+            ),
+            (
+                "tessera_agent_cache_pinned_over_capacity",
+                "1 while pinned chunks alone exceed the cache capacity (it grows past it)",
+                i64::from(cache.pinned_over_capacity),
+            ),
+            (
                 "tessera_agent_cache_degraded",
                 "1 while the cache disk is full and chunks are served without being cached",
                 i64::from(cache.degraded),

@@ -25,6 +25,7 @@ use rafs_format::reader::Bootstrap;
 
 use super::mounted::MountedImage;
 use super::MountStatus;
+use crate::cache::{ChunkKey, ImagePin};
 use crate::fs::handover::{Attach, Keeper};
 use crate::fs::{self, ChunkReader, MountOptions, Mounted};
 use crate::{Error, Result};
@@ -72,6 +73,8 @@ pub struct Mount {
     state: Mutex<State>,
     /// The background prefetch of the image, stopped when the mount ends.
     prefetch: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The image's chunks pinned in the cache, released when the mount is Gone.
+    pin: Mutex<Option<ImagePin>>,
     pub(super) mounted_at: SystemTime,
     /// How long mounting took, from the request.
     pub(super) mount_seconds: f64,
@@ -87,12 +90,14 @@ impl Mount {
         opts: MountOptions,
         attach: Attach,
         started: std::time::Instant,
+        pin: ImagePin,
     ) -> Result<Arc<Mount>> {
         let mount = Mount {
             image: image.clone(),
             mountpoint: mountpoint.clone(),
             state: Mutex::new(State::New),
             prefetch: Mutex::new(None),
+            pin: Mutex::new(Some(pin)),
             mounted_at: SystemTime::now(),
             mount_seconds: 0.0,
         };
@@ -180,6 +185,7 @@ impl Mount {
             let _ = tokio::task::spawn_blocking(move || session.unmount()).await;
         }
         *self.state() = State::Gone;
+        self.unpin().await;
         let status = self.status();
         tracing::info!("unmounted: {status}");
         status
@@ -205,8 +211,26 @@ impl Mount {
             return;
         };
         self.stop_prefetch();
+        if let Some(pin) = self.pin.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            pin.release_without_evicting();
+        }
         session.leave_mounted();
         tracing::info!(mountpoint = %self.mountpoint.display(), "left mounted for the next agent (the FUSE keeper holds it)");
+    }
+
+    /// Releases the image's pin; its drop may evict (file removals): not on an async
+    /// worker.
+    async fn unpin(&self) {
+        let pin = self.pin.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if pin.is_some() {
+            let _ = tokio::task::spawn_blocking(move || drop(pin)).await;
+        }
+    }
+
+    /// The keys of the image's chunks, pinned while it is mounted.
+    pub(super) fn pinned_keys(&self) -> Option<Arc<[ChunkKey]>> {
+        let pin = self.pin.lock().unwrap_or_else(|p| p.into_inner());
+        pin.as_ref().map(|pin| pin.keys().clone())
     }
 
     /// The filesystem's operation counters while it is served.

@@ -22,6 +22,7 @@ mod root;
 mod stale;
 mod status;
 mod upkeep;
+mod usage;
 
 pub use crate::fs::handover::Attach;
 pub use metrics::serve_metrics;
@@ -29,6 +30,7 @@ pub use recorder::Recorder;
 pub use root::{node_client, run, Listeners};
 pub use status::{MountStatus, Status, SwarmStatus};
 pub use upkeep::VerifyReport;
+pub use usage::{CacheUsage, PruneReport};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -166,10 +168,15 @@ impl Agent {
                 }
             }
         }
-        let cache = Arc::new(ChunkCache::open(
-            &config.cache_dir.join("chunks"),
-            config.cache_capacity,
-        )?);
+        let mut cache = ChunkCache::open(&config.cache_dir.join("chunks"), config.cache_capacity)?;
+        if config.cache_disk_high_percent < 100 {
+            let marks = crate::cache::Watermarks {
+                high_percent: config.cache_disk_high_percent,
+                low_percent: config.cache_disk_low_percent,
+            };
+            cache = cache.with_watermarks(marks, None);
+        }
+        let cache = Arc::new(cache);
         let bootstrap_dir = config.cache_dir.join("bootstraps");
         std::fs::create_dir_all(&bootstrap_dir)
             .map_err(|e| Error::io("create", &bootstrap_dir, e))?;
@@ -304,6 +311,8 @@ impl Agent {
             }
             Request::Status => Ok(to_json(self.status())),
             Request::CacheVerify => Ok(to_json(upkeep::verify_all(&self.cache, None).await)),
+            Request::CacheUsage => Ok(to_json(self.cache_usage().await?)),
+            Request::CachePrune { keep } => Ok(to_json(self.cache_prune(keep).await?)),
         }
     }
 

@@ -83,6 +83,12 @@ impl Agent {
             .open_image(&reference, tree.platform.as_deref(), tree.layers)
             .await?;
         let bootstrap = chunks.bootstrap.clone();
+        // Pinned before the first read, released when the mount ends: a running
+        // container's chunks are never evicted (the cache's `pins.rs`).
+        let pin = self.cache.pin_image(
+            format!("{image} at {}", mountpoint.display()),
+            chunks.keys(),
+        );
         let recorder = match &record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
@@ -124,6 +130,7 @@ impl Agent {
             opts,
             attach,
             started,
+            pin,
         )
         .await?;
         let mode = prefetch.unwrap_or(self.config.prefetch);

@@ -271,4 +271,8 @@ impl Images for Arc<Agent> {
     fn unmount<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.umount(dir).await.map(|_| ()) })
     }
+
+    fn mounted_bytes<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Option<u64>> {
+        Box::pin(Agent::mounted_bytes(self, dir))
+    }
 }

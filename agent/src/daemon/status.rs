@@ -52,14 +52,21 @@ impl std::fmt::Display for Status {
         writeln!(f, "agent up {:.0} s", self.uptime_seconds)?;
         writeln!(
             f,
-            "cache      {} chunks, {:.1} of {:.1} MiB; {} hits, {} misses, {} evictions",
+            "cache      {} chunks, {:.1} of {:.1} MiB ({:.1} MiB pinned by mounts); {} hits, {} misses, {} evictions",
             self.cache.entries,
             mib(self.cache.bytes),
             mib(self.cache.capacity),
+            mib(self.cache.pinned_bytes),
             self.cache.hits,
             self.cache.misses,
             self.cache.evictions
         )?;
+        if self.cache.pinned_over_capacity {
+            writeln!(
+                f,
+                "cache      OVER CAPACITY: the chunks of mounted images alone exceed it; they are kept (raise cache_capacity)"
+            )?;
+        }
         if self.cache.degraded {
             writeln!(
                 f,

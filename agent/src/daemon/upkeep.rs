@@ -1,6 +1,8 @@
 //! The chunk cache's upkeep while the agent runs: checkpoints, so that what was cached
-//! is trusted after a crash without being read again (see `cache`), and the background
-//! scrub, which re-verifies every cached chunk at a bounded rate and drops what fails.
+//! is trusted after a crash without being read again (see `cache`), the disk-usage
+//! watermarks (checked here too, since other tenants of the disk fill it while the
+//! cache writes nothing), and the background scrub, which re-verifies every cached
+//! chunk at a bounded rate and drops what fails.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +17,8 @@ use crate::fetch::blocking;
 /// A checkpoint this often while chunks are being stored: a crash costs at most this
 /// much of the cache a verification at its next read.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
+/// The cache filesystem's usage is checked this often.
+const WATERMARKS_EVERY: Duration = Duration::from_secs(5);
 
 /// What a pass over the cache found (`tessera cache verify` prints it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +33,28 @@ pub struct VerifyReport {
 
 /// Checkpoints and scrubs until the agent stops (the task is aborted).
 pub(super) async fn run(cache: Arc<ChunkCache>, scrub: ScrubConfig) {
-    tokio::join!(checkpoints(cache.clone()), scrubs(cache, scrub));
+    tokio::join!(
+        checkpoints(cache.clone()),
+        watermarks(cache.clone()),
+        scrubs(cache, scrub)
+    );
+}
+
+async fn watermarks(cache: Arc<ChunkCache>) {
+    if cache.watermarks().is_none() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(WATERMARKS_EVERY).await;
+        let cache = cache.clone();
+        match blocking(move || cache.keep_watermarks()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not check the cache filesystem's usage")
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 async fn checkpoints(cache: Arc<ChunkCache>) {

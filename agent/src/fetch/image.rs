@@ -159,6 +159,18 @@ impl ImageChunks {
         }
     }
 
+    /// Every chunk's cache key, duplicates included (what a mount pins).
+    pub fn keys(&self) -> Vec<ChunkKey> {
+        let algo = self.bootstrap.digest_algo();
+        (0..self.bootstrap.chunk_count())
+            .filter_map(|c| self.bootstrap.chunk(c).ok())
+            .map(|info| ChunkKey {
+                algo,
+                digest: info.digest,
+            })
+            .collect()
+    }
+
     /// Fetches its chunks into the cache only, not into memory (a preheat).
     pub fn bypass_memory(&self) {
         self.in_memory.store(false, Ordering::Relaxed);

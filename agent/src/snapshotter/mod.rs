@@ -571,11 +571,20 @@ impl Snapshotter {
     }
 
     /// What a snapshot uses of its own: measured now for an active one, at commit for a
-    /// committed one; nothing for a Tessera layer (its bytes are in the chunk cache).
+    /// committed one; for a Tessera image's mount, the bytes of its chunks the cache
+    /// holds now (what the kubelet's image GC would free by removing it; shared chunks
+    /// count in every image holding them); nothing for a layer that only names a blob.
     pub async fn usage(&self, key: &str) -> Result<Usage> {
         let record = self.store.require(key)?;
-        if record.remote.is_some() {
-            return Ok(Usage::default());
+        if let Some(remote_of) = &record.remote {
+            let held = match (&self.remote, remote_of.mounted) {
+                (Some(remote), true) => remote.mounted_bytes(&self.fs(record.id)).await,
+                _ => None,
+            };
+            return Ok(Usage {
+                size: held.map_or(0, |bytes| bytes as i64),
+                inodes: 0,
+            });
         }
         if record.kind == Kind::Committed {
             return Ok(Usage {

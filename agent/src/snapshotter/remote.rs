@@ -54,6 +54,9 @@ pub trait Images: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<()>>;
     /// Unmounts what [`mount`](Self::mount) mounted at `dir`.
     fn unmount<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
+    /// Bytes of the chunks of the image mounted at `dir` that the node's cache holds
+    /// now (what the snapshot really takes on disk); `None` if nothing is mounted there.
+    fn mounted_bytes<'a>(&'a self, dir: &'a Path) -> BoxFuture<'a, Option<u64>>;
 }
 
 /// A layer of a Tessera image, or of a plain image with an index, about to be prepared.
@@ -244,6 +247,11 @@ impl Remote {
             // Not the agent's: whatever the keeper holds there is stray.
             self.release(dir);
         }
+    }
+
+    /// Bytes of the image mounted at `dir` held in the cache (see [`Images`]).
+    pub async fn mounted_bytes(&self, dir: &Path) -> Option<u64> {
+        self.images.mounted_bytes(dir).await
     }
 
     /// The connections the keeper holds, by mount point (none without a keeper).
