@@ -186,6 +186,8 @@ state: /var/lib/tessera-scheduler
 socket = {{ printf "%s/agent.sock" $a.socketDir | toJson }}
 cache_dir = {{ $paths.cache | toJson }}
 cache_capacity = {{ include "tessera.tomlSize" $a.cache.capacity }}
+cache_disk_high_percent = {{ int64 $a.cache.diskHighPercent }}
+cache_disk_low_percent = {{ int64 $a.cache.diskLowPercent }}
 prefetch = {{ $a.prefetch | toJson }}
 shutdown_grace_secs = {{ int64 $a.shutdownGraceSeconds }}
 passthrough = {{ $a.cache.passthrough }}
