@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use support::agent::AgentProcess;
-use support::containerd::{plain_http_hosts, Containerd, Snapshotter};
+use support::containerd::Containerd;
 use support::cri::cri_pull_at;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
 use support::registry::{Auth, Registry};
-use support::{convert, s, tessera_ok};
+use support::{convert, s};
 use tessera_proto::cri::AuthConfig;
 
 const USER: &str = "puller";
@@ -60,14 +60,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn which(tool: &str) -> PathBuf {
-    let out = std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap();
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
@@ -88,7 +80,7 @@ fn private_image_pulled_through_the_cri_proxy_mounts_lazily_with_the_pods_creden
         password: PASSWORD.into(),
     });
     let proxy = FaultProxy::start(&registry.addr);
-    let busybox = std::fs::read(which("busybox")).unwrap();
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
     let layout = t.path().join("layout");
     build_files_image_with(
         &layout,
@@ -122,44 +114,19 @@ fn private_image_pulled_through_the_cri_proxy_mounts_lazily_with_the_pods_creden
         .unwrap()
         .join("containerd.sock");
     let agent_dir = t.path().join("agent");
-    let snap_socket = agent_dir.join("snap.sock");
     let cri_socket = agent_dir.join("cri.sock");
-    let agent = AgentProcess::start(
+    let agent = AgentProcess::start_snapshotter(
         &agent_dir,
         &[
-            "--no-p2p",
-            "--prefetch",
-            "none",
-            "--snapshotter-socket",
-            s(&snap_socket),
-            "--snapshotter-root",
-            s(&agent_dir.join("snapshotter")),
             "--cri-listen",
             s(&cri_socket),
             "--cri-containerd",
             s(&containerd_socket),
         ],
     );
-    agent.wait_for_socket(&snap_socket);
+    let snap_socket = agent.snapshotter_socket();
     agent.wait_for_socket(&cri_socket);
-    let hosts = t.path().join("certs.d");
-    plain_http_hosts(&hosts, &proxy.addr);
-    let socket = snap_socket.clone();
-    let containerd = Containerd::start_cri(
-        &containerd_dir,
-        None,
-        Snapshotter::Tessera,
-        &hosts,
-        move |config| {
-            tessera_ok(&[
-                "containerd-config",
-                "--snapshotter-socket",
-                s(&socket),
-                "--containerd-config",
-                s(config),
-            ]);
-        },
-    );
+    let containerd = Containerd::start_cri_tessera(&containerd_dir, &snap_socket, &proxy.addr);
     let logs = || {
         format!(
             "containerd log:\n{}\nagent log:\n{}",

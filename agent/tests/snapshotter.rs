@@ -15,12 +15,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use support::agent::{is_mounted, AgentProcess};
-use support::containerd::{plain_http_hosts, Containerd, Snapshotter, NAMESPACE};
+use support::containerd::{Containerd, NAMESPACE};
 use support::cri::cri_pull;
 use support::fault_proxy::FaultProxy;
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
 use support::registry::Registry;
-use support::{convert, s, tessera_ok};
+use support::{convert, s};
 
 /// What the test container prints: a line of a file from the image, then a line it
 /// wrote to its writable layer and read back (shell builtins only: the image's one
@@ -56,7 +56,7 @@ fn node() -> Node {
 
     // Layer 0: busybox as /bin/sh; layer 1: a small file to read and a large one
     // nobody reads (a lazy start must not fetch it).
-    let busybox = std::fs::read(which("busybox")).unwrap();
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
     let layout = t.path().join("layout");
     build_files_image_with(
         &layout,
@@ -82,41 +82,13 @@ fn node() -> Node {
         &[],
     );
 
-    let agent_dir = t.path().join("agent");
-    let snap_socket = agent_dir.join("snap.sock");
-    let agent = AgentProcess::start(
-        &agent_dir,
-        &[
-            "--no-p2p",
-            "--prefetch",
-            "none",
-            "--snapshotter-socket",
-            s(&snap_socket),
-            "--snapshotter-root",
-            s(&agent_dir.join("snapshotter")),
-        ],
-    );
-    agent.wait_for_socket(&snap_socket);
-
-    // containerd reaches the proxy over plain HTTP.
-    let hosts = t.path().join("certs.d");
-    plain_http_hosts(&hosts, &proxy.addr);
-    // containerd's config made to use the snapshotter as a user would.
-    let socket = snap_socket.clone();
-    let containerd = Containerd::start_cri(
+    let agent = AgentProcess::start_snapshotter(&t.path().join("agent"), &[]);
+    // containerd's config made to use the snapshotter as a user would; it reaches the
+    // proxy over plain HTTP.
+    let containerd = Containerd::start_cri_tessera(
         &t.path().join("containerd"),
-        None,
-        Snapshotter::Tessera,
-        &hosts,
-        move |config| {
-            tessera_ok(&[
-                "containerd-config",
-                "--snapshotter-socket",
-                s(&socket),
-                "--containerd-config",
-                s(config),
-            ]);
-        },
+        &agent.snapshotter_socket(),
+        &proxy.addr,
     );
 
     let manifest = manifest_json(&registry.addr, "tessera/app");
@@ -155,14 +127,6 @@ fn manifest_json(addr: &str, repo: &str) -> serde_json::Value {
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn which(tool: &str) -> PathBuf {
-    let out = std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap();
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// Waits until containerd reaches the snapshotter again after the agent restarted:
@@ -522,7 +486,7 @@ fn cri_pull_of_an_indexed_plain_image_downloads_no_layers_and_shares_them_rightl
     );
 
     // Another plain image on the same first layer (byte for byte), not indexed.
-    let busybox = std::fs::read(which("busybox")).unwrap();
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
     let layout = node.t.path().join("other");
     build_files_image_with(
         &layout,

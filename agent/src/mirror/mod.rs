@@ -524,23 +524,15 @@ impl Mirror {
         if head {
             return self.relay(t, &tail, head, headers).await;
         }
+        let last_known = Duration::from_secs(self.config.last_known_secs);
         let resp = match self
-            .origin
-            .forward(&t.r, Method::GET, &tail, headers, t.auth.clone())
+            .forward_or_last_known(t, Method::GET, &tail, headers, || {
+                self.kept_manifest(&key, head, last_known)
+            })
             .await
         {
-            Ok(r) if !r.status().is_server_error() => r,
-            unreachable => {
-                let last_known = Duration::from_secs(self.config.last_known_secs);
-                if let Some(kept) = self.kept_manifest(&key, head, last_known) {
-                    self.metrics.last_known.inc();
-                    return kept;
-                }
-                return match unreachable {
-                    Ok(r) => empty(r.status(), relayed(r.headers())),
-                    Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
-                };
-            }
+            Ok(r) => r,
+            Err(answer) => return answer,
         };
         let status = resp.status();
         let headers = relayed(resp.headers());
@@ -568,6 +560,43 @@ impl Mirror {
         let mut headers = headers;
         headers.remove(hyper::header::CONTENT_LENGTH);
         full(status, headers, body)
+    }
+
+    /// Forwards a request for `tail` upstream. When the upstream cannot answer (no
+    /// connection, or a 5xx after the client's retries), `last_known` may answer in
+    /// its place (`mirror.last_known_secs`); else its failure is the answer.
+    async fn forward_or_last_known(
+        &self,
+        t: &Target,
+        method: Method,
+        tail: &str,
+        headers: HeaderMap,
+        last_known: impl FnOnce() -> Option<Response>,
+    ) -> Result<reqwest::Response, Response> {
+        let unreachable = match self
+            .origin
+            .forward(&t.r, method, tail, headers, t.auth.clone())
+            .await
+        {
+            Ok(r) if !r.status().is_server_error() => return Ok(r),
+            unreachable => unreachable,
+        };
+        if let Some(kept) = last_known() {
+            tracing::info!(registry = %t.r.registry, repository = %t.r.repository, tail, "the upstream cannot be reached: answering with what it said last");
+            self.metrics.last_known.inc();
+            return Err(kept);
+        }
+        Err(match unreachable {
+            Ok(r) => {
+                let (status, mut headers) = (r.status(), relayed(r.headers()));
+                headers.remove(hyper::header::CONTENT_LENGTH);
+                match read_bounded(r).await {
+                    Ok(body) => full(status, headers, body),
+                    Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e),
+                }
+            }
+            Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
+        })
     }
 
     fn keep_manifest(&self, key: ManifestKey, media: String, body: Bytes) {
@@ -604,22 +633,13 @@ impl Mirror {
         let method = if head { Method::HEAD } else { Method::GET };
         let tail = format!("manifests/{}", key.3);
         let resp = match self
-            .origin
-            .forward(&t.r, method, &tail, headers, t.auth.clone())
+            .forward_or_last_known(t, method, &tail, headers, || {
+                self.last_known_tag(&key, head)
+            })
             .await
         {
-            Ok(r) if !r.status().is_server_error() => r,
-            unreachable => {
-                if let Some(kept) = self.last_known_tag(&key, head) {
-                    tracing::info!(registry = %t.r.registry, repository = %t.r.repository, tag = %key.3, "the upstream cannot be reached: answering with the tag's last known digest");
-                    self.metrics.last_known.inc();
-                    return kept;
-                }
-                return match unreachable {
-                    Ok(r) => empty(r.status(), relayed(r.headers())),
-                    Err(e) => error(StatusCode::BAD_GATEWAY, "UNKNOWN", &e.to_string()),
-                };
-            }
+            Ok(r) => r,
+            Err(answer) => return answer,
         };
         let status = resp.status();
         let mut headers = relayed(resp.headers());

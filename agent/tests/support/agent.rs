@@ -35,6 +35,32 @@ impl AgentProcess {
         AgentProcess::launch(dir, format!("127.0.0.1:{}", free_port()), None, extra)
     }
 
+    /// Starts an agent serving containerd's snapshots API on
+    /// [`snapshotter_socket`](Self::snapshotter_socket) (its root `dir/snapshotter`),
+    /// with P2P and prefetch off and `extra` flags; returns once the socket answers.
+    pub fn start_snapshotter(dir: &Path, extra: &[&str]) -> AgentProcess {
+        let (socket, root) = (dir.join("snap.sock"), dir.join("snapshotter"));
+        let mut args = vec![
+            "--no-p2p",
+            "--prefetch",
+            "none",
+            "--snapshotter-socket",
+            socket.to_str().expect("utf-8"),
+            "--snapshotter-root",
+            root.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        let agent = AgentProcess::start(dir, &args);
+        agent.wait_for_socket(&socket);
+        agent
+    }
+
+    /// Where an agent made by [`start_snapshotter`](Self::start_snapshotter) serves
+    /// the snapshotter.
+    pub fn snapshotter_socket(&self) -> PathBuf {
+        self.dir.join("snap.sock")
+    }
+
     /// Starts an agent in `host`'s network namespace (its files, socket and mounts are
     /// still on this machine's filesystem, so the test uses them as usual); metrics on
     /// `host.ip:9464`.

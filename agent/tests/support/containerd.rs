@@ -224,6 +224,24 @@ impl Containerd {
         Containerd::launch_with(dir, host, Some(snapshotter), Some(cri))
     }
 
+    /// [`Containerd::start_cri`] on this machine with the Tessera snapshotter at
+    /// `snapshotter_socket` made CRI's as a user would (`tessera containerd-config
+    /// --snapshotter-socket`), reaching `registry` (`host:port`) over plain HTTP.
+    pub fn start_cri_tessera(dir: &Path, snapshotter_socket: &Path, registry: &str) -> Containerd {
+        let hosts = dir.join("certs.d");
+        plain_http_hosts(&hosts, registry);
+        let socket = snapshotter_socket.to_path_buf();
+        Containerd::start_cri(dir, None, Snapshotter::Tessera, &hosts, move |config| {
+            super::tessera_ok(&[
+                "containerd-config",
+                "--snapshotter-socket",
+                socket.to_str().expect("utf-8"),
+                "--containerd-config",
+                config.to_str().expect("utf-8"),
+            ]);
+        })
+    }
+
     fn launch(dir: &Path, host: Option<&NetHost>, snapshotter: Option<Snapshotter>) -> Containerd {
         Containerd::launch_with(dir, host, snapshotter, None)
     }

@@ -141,14 +141,19 @@ pub fn run_output(cmd: &mut Command) -> String {
 
 /// Whether an executable called `name` is on `PATH`.
 pub fn tool_available(name: &str) -> bool {
-    let Some(path) = std::env::var_os("PATH") else {
-        return false;
-    };
-    std::env::split_paths(&path).any(|dir| {
-        fs::metadata(dir.join(name))
-            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-            .unwrap_or(false)
-    })
+    which(name).is_some()
+}
+
+/// The executable called `name` on `PATH`, if there is one.
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
 }
 
 /// Panics with an installation hint unless `name` is on `PATH`.
