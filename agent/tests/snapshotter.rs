@@ -27,10 +27,15 @@ use support::{convert, s};
 /// program is busybox as `/bin/sh`).
 const SCRIPT: &str = r#"read l < /data/hello; echo "$l"; echo "written by $1" > /data/new; read n < /data/new; echo "$n""#;
 
+/// One node at a time: each test runs containers with a containerd of its own, and
+/// several at once on 2 cores have lost a container's output (ctr succeeding with an
+/// empty stdout) in CI.
+static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// One node: a registry (behind the counting proxy), the agent with its snapshotter,
 /// and containerd configured to use it.
 /// Fields drop in order: containerd (and its containers), the agent (and its mounts),
-/// then the files.
+/// the files, then the turn of the next test's node.
 struct Node {
     containerd: Containerd,
     agent: AgentProcess,
@@ -42,10 +47,15 @@ struct Node {
     plain_ref: String,
     /// Digests of the converted image's blob layers (never fetched by a pull).
     blob_layers: Vec<String>,
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
 
 /// Temp dirs under /tmp keep the unix socket paths short.
 fn node() -> Node {
+    // A test that failed holding it poisons it; the next one still runs.
+    let turn = ONE_NODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     require_tool("busybox");
     let t = tempfile::Builder::new()
         .prefix("tsnap")
@@ -112,6 +122,7 @@ fn node() -> Node {
         agent,
         containerd,
         blob_layers,
+        _turn: turn,
     }
 }
 
