@@ -1,6 +1,6 @@
 //! Entry points for the cargo-fuzz targets in `agent/fuzz/`, over the parsers of bytes
 //! that come from registries, users or the network: `WWW-Authenticate` challenges,
-//! manifests and indexes, docker `config.json`, and the P2P wire messages. `tests/fuzz_regressions.rs` replays the checked-in
+//! manifests and indexes, image configs, docker `config.json`, and the P2P wire messages. `tests/fuzz_regressions.rs` replays the checked-in
 //! inputs through the same functions on stable Rust. None may panic.
 
 use std::path::Path;
@@ -44,6 +44,47 @@ pub fn manifest(data: &[u8]) {
                 }
             }
             Err(_) => {}
+        }
+    }
+}
+
+/// An image config as a registry sends it (`tessera pull` reads its
+/// `rootfs.diff_ids`), for an image of one to three layers.
+pub fn image_config(data: &[u8]) {
+    let Ok(r) = Reference::parse("registry.example/fuzz/image:t") else {
+        return;
+    };
+    for layers in 1..=3 {
+        let layer = serde_json::json!({
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": format!("sha256:{}", "0".repeat(64)),
+            "size": 1,
+        });
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": format!("sha256:{}", "1".repeat(64)),
+                "size": data.len(),
+            },
+            "layers": vec![layer; layers],
+        });
+        let Ok(manifest) = serde_json::from_value(manifest) else {
+            return;
+        };
+        let img = PlatformImage {
+            reference: r.clone(),
+            manifest,
+            raw: Manifest {
+                media_type: String::new(),
+                digest: String::new(),
+                bytes: Vec::new(),
+            },
+            platform: None,
+        };
+        if let Ok(ids) = image::diff_ids(&img, data) {
+            assert_eq!(ids.len(), layers, "one diff ID per layer");
         }
     }
 }

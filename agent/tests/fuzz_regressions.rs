@@ -50,6 +50,11 @@ fn manifests() {
 }
 
 #[test]
+fn image_configs() {
+    replay("image_config", tessera_agent::fuzzing::image_config);
+}
+
+#[test]
 fn docker_configs() {
     replay("docker_config", tessera_agent::fuzzing::docker_config);
 }

@@ -52,6 +52,7 @@ use crate::config::MirrorConfig;
 use crate::fetch::{Fetcher, Source, SourceLabel};
 use crate::peer::Network;
 use crate::registry::client::{RegistryClient, MANIFEST_MEDIA_TYPES};
+use crate::registry::image::is_sha256_digest as is_sha256;
 use crate::registry::reference::Reference;
 use access::{fingerprint, AccessCache};
 
@@ -256,12 +257,6 @@ fn valid_registry(host: &str) -> bool {
 }
 
 /// `true` for `sha256:` and 64 lowercase hex digits.
-fn is_sha256(digest: &str) -> bool {
-    digest
-        .strip_prefix("sha256:")
-        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-}
-
 /// What a request asks for.
 #[derive(Debug, PartialEq, Eq)]
 enum Route<'a> {

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tessera_proto::containerd::types::Descriptor;
 
@@ -117,7 +117,7 @@ pub async fn pull(
     let mut containerd = Containerd::connect(&opts.address, &opts.namespace).await?;
     let image = registry_image::resolve_platform(registry, reference, &opts.platform).await?;
     let config = fetch_config(registry, &image).await?;
-    let diff_ids = diff_ids(&image, &config)?;
+    let diff_ids = registry_image::diff_ids(&image, &config)?;
     let chain = chain_ids(&diff_ids);
     let top = chain.last().cloned().ok_or_else(|| Error::Protocol {
         registry: image.reference.registry.clone(),
@@ -314,49 +314,6 @@ async fn fetch_config(registry: &RegistryClient, image: &PlatformImage) -> Resul
     Ok(config)
 }
 
-/// The config's `rootfs.diff_ids`, one per layer of the manifest.
-fn diff_ids(image: &PlatformImage, config: &[u8]) -> Result<Vec<String>> {
-    #[derive(Deserialize)]
-    struct Config {
-        rootfs: RootFs,
-    }
-    #[derive(Deserialize)]
-    struct RootFs {
-        diff_ids: Vec<String>,
-    }
-    let protocol = |reason: String| Error::Protocol {
-        registry: image.reference.registry.clone(),
-        repository: image.reference.repository.clone(),
-        what: format!("config {}", image.manifest.config().digest()),
-        reason,
-    };
-    let config: Config =
-        serde_json::from_slice(config).map_err(|e| protocol(format!("no rootfs.diff_ids: {e}")))?;
-    let ids = config.rootfs.diff_ids;
-    let layers = image.manifest.layers().len();
-    if ids.len() != layers {
-        return Err(protocol(format!(
-            "rootfs.diff_ids has {} entries for {layers} layers",
-            ids.len()
-        )));
-    }
-    if let Some(bad) = ids.iter().find(|d| !is_sha256(d)) {
-        return Err(protocol(format!(
-            "rootfs.diff_ids: {bad:?} is not a sha256 digest"
-        )));
-    }
-    Ok(ids)
-}
-
-fn is_sha256(digest: &str) -> bool {
-    digest.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
 /// The layers' chain IDs (OCI image spec, "ChainID"): the first layer's is its diff
 /// ID, each next one `sha256(parent's chain ID + " " + its diff ID)`.
 pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
@@ -405,6 +362,7 @@ mod tests {
 
     #[test]
     fn only_sha256_digests_are_diff_ids() {
+        let is_sha256 = registry_image::is_sha256_digest;
         assert!(is_sha256(&format!("sha256:{}", "0f".repeat(32))));
         assert!(!is_sha256("sha256:abc"));
         assert!(!is_sha256(&format!("sha512:{}", "0".repeat(64))));

@@ -221,6 +221,51 @@ impl Resolved {
     }
 }
 
+/// The image config's `rootfs.diff_ids` (untrusted bytes; the caller checked them
+/// against the manifest's config digest), one sha256 digest per layer of the manifest.
+pub fn diff_ids(image: &PlatformImage, config: &[u8]) -> Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        rootfs: RootFs,
+    }
+    #[derive(serde::Deserialize)]
+    struct RootFs {
+        diff_ids: Vec<String>,
+    }
+    let protocol = |reason: String| Error::Protocol {
+        registry: image.reference.registry.clone(),
+        repository: image.reference.repository.clone(),
+        what: format!("config {}", image.manifest.config().digest()),
+        reason,
+    };
+    let config: Config =
+        serde_json::from_slice(config).map_err(|e| protocol(format!("no rootfs.diff_ids: {e}")))?;
+    let ids = config.rootfs.diff_ids;
+    let layers = image.manifest.layers().len();
+    if ids.len() != layers {
+        return Err(protocol(format!(
+            "rootfs.diff_ids has {} entries for {layers} layers",
+            ids.len()
+        )));
+    }
+    if let Some(bad) = ids.iter().find(|d| !is_sha256_digest(d)) {
+        return Err(protocol(format!(
+            "rootfs.diff_ids: {bad:?} is not a sha256 digest"
+        )));
+    }
+    Ok(ids)
+}
+
+/// `sha256:` and 64 lowercase hex digits.
+pub fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// The bootstrap layer of a Tessera image, or an error saying the image is not one.
 pub fn bootstrap_layer(image: &PlatformImage) -> Result<&Descriptor> {
     image
