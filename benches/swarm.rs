@@ -26,7 +26,16 @@
 //! `make bench-swarm` (root). Knobs: `TESSERA_BENCH_SWARM_NODES` (default `1,5,10,20`;
 //! 1 is always measured), `TESSERA_BENCH_SWARM_MB` (image size, default 80),
 //! `TESSERA_BENCH_SWARM_CAP` (registry egress, default `200mbit`, the mission's origin
-//! link), `TESSERA_BENCH_REPS` (default 1; medians of interleaved repetitions).
+//! link), `TESSERA_BENCH_REPS` (default 1; medians of interleaved repetitions),
+//! `TESSERA_BENCH_SWARM_METHODS` (some of `direct,lazy,p2p,mirror`; default all;
+//! without `direct` there is no "vs ctr pull").
+//!
+//! Where the time goes: after each run it prints (stderr) a profile — when the first,
+//! median and last node were done, the machine's CPU busy over the run, CPU seconds of
+//! the agents, containerds and scheduler, what the agents got from peers and from the
+//! origin and how long they waited for it, and who served: how many agents uploaded
+//! and the largest share one of them served. `TESSERA_BENCH_SWARM_PROFILE=nodes` adds
+//! a line per node; the JSON's rows carry the profile.
 //!
 //! Why 80 MiB: one node alone needs ~3.5 s of the capped link, long enough against a
 //! mount's and a scheduler's fixed costs for the "vs 1 node" ratio to mean something;
@@ -47,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use support::agent::AgentProcess;
 use support::containerd::{Containerd, PullOptions};
-use support::mirror::MIRROR;
+use support::mirror::{metric, MIRROR};
 use support::netns::NetHost;
 use support::swarm::{wait_registered, Swarm};
 use support::{s, tessera_ok};
@@ -82,10 +91,107 @@ struct Bench {
 }
 
 /// What one run measured.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Run {
     last_done: f64,
     egress: u64,
+    profile: Profile,
+}
+
+/// Where one run's time went (see the module docs).
+#[derive(Clone, Default)]
+struct Profile {
+    /// Seconds until each node was done, in node order.
+    done: Vec<f64>,
+    /// Share of the machine's CPU time busy over the run (1.0: every core, all along).
+    machine_busy: f64,
+    /// CPU seconds over the run, per node's agent and containerd, and the scheduler's.
+    agent_cpu: Vec<f64>,
+    containerd_cpu: Vec<f64>,
+    scheduler_cpu: f64,
+    /// Per node: verified bytes from peers and the origin, the seconds those chunks
+    /// took to arrive (summed over chunks, so concurrent ones add up), bytes served to
+    /// peers, and the seconds FUSE reads waited.
+    peer_bytes: Vec<f64>,
+    origin_bytes: Vec<f64>,
+    peer_seconds: Vec<f64>,
+    origin_seconds: Vec<f64>,
+    served_bytes: Vec<f64>,
+    read_wait_seconds: Vec<f64>,
+}
+
+impl Profile {
+    fn sum(v: &[f64]) -> f64 {
+        v.iter().sum()
+    }
+
+    /// One paragraph for stderr.
+    fn summary(&self) -> String {
+        let mut done = self.done.clone();
+        done.sort_by(f64::total_cmp);
+        let mib = |b: f64| b / f64::from(1 << 20);
+        let served = Profile::sum(&self.served_bytes);
+        let top = self.served_bytes.iter().copied().fold(0.0, f64::max);
+        let servers = self.served_bytes.iter().filter(|&&b| b > 0.0).count();
+        format!(
+            "done first {:.2} s, median {:.2} s, last {:.2} s; machine CPU busy {:.0}%; CPU s: agents {:.1} (max {:.1}), containerds {:.1}, scheduler {:.2}; \
+             from peers {:.1} MiB in {:.1} chunk-s, from the origin {:.1} MiB in {:.1} chunk-s; FUSE reads waited {:.1} s; \
+             {servers} of {} agents served peers, the busiest {:.0}% of {:.1} MiB",
+            done.first().copied().unwrap_or(0.0),
+            done.get(done.len() / 2).copied().unwrap_or(0.0),
+            done.last().copied().unwrap_or(0.0),
+            self.machine_busy * 100.0,
+            Profile::sum(&self.agent_cpu),
+            self.agent_cpu.iter().copied().fold(0.0, f64::max),
+            Profile::sum(&self.containerd_cpu),
+            self.scheduler_cpu,
+            mib(Profile::sum(&self.peer_bytes)),
+            Profile::sum(&self.peer_seconds),
+            mib(Profile::sum(&self.origin_bytes)),
+            Profile::sum(&self.origin_seconds),
+            Profile::sum(&self.read_wait_seconds),
+            self.agent_cpu.len(),
+            if served > 0.0 { 100.0 * top / served } else { 0.0 },
+            mib(served),
+        )
+    }
+
+    fn nodes(&self) -> String {
+        let mib = |b: f64| b / f64::from(1 << 20);
+        (0..self.done.len())
+            .map(|i| {
+                let at = |v: &[f64]| v.get(i).copied().unwrap_or(0.0);
+                format!(
+                    "  node {i}: done {:.2} s, agent CPU {:.2} s, containerd CPU {:.2} s, peers {:.1} MiB/{:.1} s, origin {:.1} MiB/{:.1} s, served {:.1} MiB, reads waited {:.1} s\n",
+                    at(&self.done),
+                    at(&self.agent_cpu),
+                    at(&self.containerd_cpu),
+                    mib(at(&self.peer_bytes)),
+                    at(&self.peer_seconds),
+                    mib(at(&self.origin_bytes)),
+                    at(&self.origin_seconds),
+                    mib(at(&self.served_bytes)),
+                    at(&self.read_wait_seconds),
+                )
+            })
+            .collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "done_seconds": self.done,
+            "machine_busy": self.machine_busy,
+            "agent_cpu_seconds": self.agent_cpu,
+            "containerd_cpu_seconds": self.containerd_cpu,
+            "scheduler_cpu_seconds": self.scheduler_cpu,
+            "peer_bytes": self.peer_bytes,
+            "origin_bytes": self.origin_bytes,
+            "peer_chunk_seconds": self.peer_seconds,
+            "origin_chunk_seconds": self.origin_seconds,
+            "served_bytes": self.served_bytes,
+            "read_wait_seconds": self.read_wait_seconds,
+        })
+    }
 }
 
 /// A node's processes for one run. Fields drop in order: containerd, then the agent.
@@ -117,8 +223,11 @@ impl Bench {
                 .for_each(wait_registered);
         }
         let before = self.swarm.origin_tx();
-        let last_done = self.pull_all(method, &nodes);
+        let cpu_before = Cpu::read(&self.swarm, &nodes);
+        let done = self.pull_all(method, &nodes);
         let egress = self.swarm.origin_tx() - before;
+        let profile = Cpu::read(&self.swarm, &nodes).profile_since(&cpu_before, &nodes, done);
+        let last_done = profile.done.iter().copied().fold(0.0, f64::max);
         let agent_dirs: Vec<PathBuf> = nodes
             .iter()
             .filter_map(|n| n.agent.as_ref().map(|a| a.dir.clone()))
@@ -127,7 +236,11 @@ impl Bench {
         for d in agent_dirs.iter().chain([&dir]) {
             let _ = std::fs::remove_dir_all(d);
         }
-        Run { last_done, egress }
+        Run {
+            last_done,
+            egress,
+            profile,
+        }
     }
 
     fn node(&mut self, method: Method, host: &NetHost, dir: &Path) -> Node {
@@ -142,8 +255,8 @@ impl Bench {
         Node { containerd, agent }
     }
 
-    /// Every node pulls from the same moment; returns when the last is done (seconds).
-    fn pull_all(&self, method: Method, nodes: &[Node]) -> f64 {
+    /// Every node pulls from the same moment; returns when each was done (seconds).
+    fn pull_all(&self, method: Method, nodes: &[Node]) -> Vec<f64> {
         let barrier = std::sync::Barrier::new(nodes.len());
         let start = Instant::now();
         let (finished, watch) = mpsc::channel::<()>();
@@ -166,7 +279,7 @@ impl Bench {
             // Re-raise a node's failure (after the watchdog is told to stand down).
             done.into_iter()
                 .map(|d| d.unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .fold(0.0, f64::max)
+                .collect()
         })
     }
 
@@ -225,6 +338,118 @@ impl Bench {
     }
 }
 
+/// CPU time so far: the machine's (busy and all, in clock ticks) and each process's
+/// (seconds), to take differences of over a run.
+struct Cpu {
+    machine_busy: u64,
+    machine_all: u64,
+    agents: Vec<f64>,
+    containerds: Vec<f64>,
+    scheduler: f64,
+}
+
+impl Cpu {
+    fn read(swarm: &Swarm, nodes: &[Node]) -> Cpu {
+        let (machine_busy, machine_all) = machine_ticks();
+        let of = |pid: Option<u32>| pid.map_or(0.0, process_cpu_seconds);
+        Cpu {
+            machine_busy,
+            machine_all,
+            agents: nodes
+                .iter()
+                .map(|n| of(n.agent.as_ref().and_then(|a| agent_pid(&a.socket))))
+                .collect(),
+            containerds: nodes
+                .iter()
+                .map(|n| of(n.containerd.as_ref().map(Containerd::pid)))
+                .collect(),
+            scheduler: of(swarm.scheduler.pid()),
+        }
+    }
+
+    /// The run's profile: CPU since `before`, and what each agent's metrics say.
+    fn profile_since(&self, before: &Cpu, nodes: &[Node], done: Vec<f64>) -> Profile {
+        let minus = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x - y).collect();
+        let all = self.machine_all.saturating_sub(before.machine_all).max(1);
+        let mut p = Profile {
+            done,
+            machine_busy: self.machine_busy.saturating_sub(before.machine_busy) as f64 / all as f64,
+            agent_cpu: minus(&self.agents, &before.agents),
+            containerd_cpu: minus(&self.containerds, &before.containerds),
+            scheduler_cpu: self.scheduler - before.scheduler,
+            ..Profile::default()
+        };
+        for node in nodes {
+            let text = node
+                .agent
+                .as_ref()
+                .map(AgentProcess::metrics)
+                .unwrap_or_default();
+            let m = |sample: &str| metric(&text, sample);
+            p.peer_bytes
+                .push(m("tessera_agent_bytes_total{source=\"peer\"}"));
+            p.origin_bytes
+                .push(m("tessera_agent_bytes_total{source=\"origin\"}"));
+            p.peer_seconds
+                .push(m("tessera_agent_chunk_fetch_seconds_sum{source=\"peer\"}"));
+            p.origin_seconds.push(m(
+                "tessera_agent_chunk_fetch_seconds_sum{source=\"origin\"}",
+            ));
+            p.served_bytes
+                .push(m("tessera_agent_peer_upload_bytes_total"));
+            p.read_wait_seconds
+                .push(m("tessera_agent_fuse_read_seconds_sum"));
+        }
+        p
+    }
+}
+
+/// The machine's CPU ticks: busy (not idle or waiting on I/O) and all (`/proc/stat`).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let all: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (all - idle, all)
+}
+
+/// A process's user and system CPU seconds so far (`/proc/PID/stat`), 0 once gone.
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command (which may hold spaces) in parentheses.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are the 14th and 15th fields; `after` starts at the 3rd.
+    (ticks(11) + ticks(12)) as f64 / clock_ticks_per_second()
+}
+
+/// `getconf CLK_TCK`: 100 on every Linux this runs on, asked rather than assumed.
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
 /// The pid of the agent this benchmark started with `--socket SOCKET` (a path unique to
 /// it); an agent killed leaves its FUSE mount's readers with an error, not a hang.
 fn agent_pid(socket: &Path) -> Option<u32> {
@@ -276,6 +501,19 @@ fn main() {
             .parse()
             .expect("TESSERA_BENCH_SWARM_TIMEOUT: seconds"),
     );
+    let chosen: Vec<Method> = env("TESSERA_BENCH_SWARM_METHODS", "direct,lazy,p2p,mirror")
+        .split(',')
+        .map(|m| match m.trim() {
+            "direct" => Method::CtrDirect,
+            "lazy" => Method::LazyNoP2p,
+            "p2p" => Method::LazyP2p,
+            "mirror" => Method::CtrMirror,
+            other => panic!(
+                "TESSERA_BENCH_SWARM_METHODS: {other:?} is none of direct, lazy, p2p, mirror"
+            ),
+        })
+        .collect();
+    let per_node = env("TESSERA_BENCH_SWARM_PROFILE", "") == "nodes";
     let began = Instant::now();
 
     // 8 MiB files (fewer for a small image), in four layers.
@@ -313,12 +551,19 @@ fn main() {
         // Interleaved, so a machine that slows down slows every method alike.
         for _ in 0..reps {
             for (i, (method, label)) in METHODS.iter().enumerate() {
+                if !chosen.contains(method) {
+                    continue;
+                }
                 let run = bench.run(*method, n);
                 eprintln!(
-                    "swarm: {n} node(s), {label}: {:.2} s, registry sent {:.1} MiB",
+                    "swarm: {n} node(s), {label}: {:.2} s, registry sent {:.1} MiB\n  {}",
                     run.last_done,
-                    run.egress as f64 / f64::from(1 << 20)
+                    run.egress as f64 / f64::from(1 << 20),
+                    run.profile.summary()
                 );
+                if per_node {
+                    eprint!("{}", run.profile.nodes());
+                }
                 runs[i][j].push(run);
             }
         }
@@ -351,28 +596,45 @@ fn report(
         took.as_secs_f64()
     );
     println!(
-        "| method | nodes | last done s | vs ctr pull | vs 1 node | registry sent | x image |"
+        "| method | nodes | last done s | vs ctr pull | vs 1 node | registry sent | x image | worst run x image |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut rows = Vec::new();
     for (i, (_, label)) in METHODS.iter().enumerate() {
+        if runs[i].iter().any(Vec::is_empty) {
+            continue; // Not chosen (TESSERA_BENCH_SWARM_METHODS).
+        }
         for (j, &n) in nodes.iter().enumerate() {
             let (t, e) = (time(i, j), egress(i, j));
-            let vs_baseline = time(0, j) / t.max(1e-9);
+            // "In every run": the worst repetition's egress beside the median.
+            let worst = runs[i][j].iter().map(|r| r.egress).max().unwrap_or(0) as f64;
+            // Without the baseline (not chosen) there is nothing to compare with.
+            let vs_baseline = if runs[0][j].is_empty() {
+                f64::NAN
+            } else {
+                time(0, j) / t.max(1e-9)
+            };
             let vs_alone = t / time(i, 0).max(1e-9);
             let times_image = e / image(i);
             println!(
-                "| {label} | {n} | {t:.2} | {vs_baseline:.2}x | {vs_alone:.2}x | {:.1} MiB | {times_image:.2}x |",
-                mib(e)
+                "| {label} | {n} | {t:.2} | {vs_baseline:.2}x | {vs_alone:.2}x | {:.1} MiB | {times_image:.2}x | {:.2}x |",
+                mib(e),
+                worst / image(i)
             );
             rows.push(serde_json::json!({
                 "method": label,
                 "nodes": n,
                 "last_done_seconds": t,
-                "vs_baseline": vs_baseline,
+                "vs_baseline": vs_baseline.is_finite().then_some(vs_baseline),
                 "vs_alone": vs_alone,
                 "registry_bytes": e,
                 "egress_vs_image": times_image,
+                "worst_egress_vs_image": worst / image(i),
+                "runs": runs[i][j].iter().map(|r| serde_json::json!({
+                    "last_done_seconds": r.last_done,
+                    "registry_bytes": r.egress,
+                    "profile": r.profile.json(),
+                })).collect::<Vec<_>>(),
             }));
         }
     }

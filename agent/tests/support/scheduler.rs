@@ -98,6 +98,15 @@ impl SchedulerProcess {
         }
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Child::id)
+    }
+
     /// Starts it again, empty, on the same address.
     pub fn restart(&mut self) {
         self.kill9();
