@@ -23,7 +23,8 @@
 //! Knobs: `TESSERA_BENCH_SIM_NODES` (common set-up's N, default `100,1000,5000`),
 //! `TESSERA_BENCH_SIM_CHUNK_MB` (the model's chunk for set-ups of 1,000 nodes and more,
 //! default 4: see benches/README.md), `TESSERA_BENCH_SIM_REAL=swarm.json` (the real
-//! swarm benchmark's JSON to validate against), `TESSERA_BENCH_SIM_SMALL=1` (the smoke
+//! swarm benchmark's JSON to validate against), `TESSERA_BENCH_SIM_ORIGIN_TIMEOUT_SECS`
+//! (a what-if: the scheduler's `origin_timeout` instead of its default 10 s), `TESSERA_BENCH_SIM_SMALL=1` (the smoke
 //! size: small images, N = 100, a few seconds).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
@@ -37,6 +38,7 @@ mod world;
 
 use serde_json::{json, Value};
 use tessera_benches::{machine_summary, Table};
+use tessera_scheduler::swarm::SwarmConfig;
 use world::{Outcomes, Setup, World};
 
 const MIB: u64 = 1 << 20;
@@ -96,6 +98,10 @@ fn base(name: &str, nodes: usize) -> Setup {
         // p2p.max_uploads, p2p.max_wait_secs
         max_uploads: 32,
         max_wait: 20.0,
+        origin_timeout: std::env::var("TESSERA_BENCH_SIM_ORIGIN_TIMEOUT_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| SwarmConfig::default().origin_timeout.as_secs_f64()),
         seed: 24,
     }
 }

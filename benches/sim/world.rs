@@ -72,6 +72,8 @@ pub struct Setup {
     pub cpu_bps: Option<f64>,
     pub max_uploads: u32,
     pub max_wait: f64,
+    /// The scheduler's `origin_timeout` (its default unless a what-if asks otherwise).
+    pub origin_timeout: f64,
     pub seed: u64,
 }
 
@@ -236,7 +238,10 @@ impl World {
         let blobs: Vec<BlobDigest> = (0..setup.layers.len())
             .map(|b| BlobDigest(format!("sha256:{b:064x}")))
             .collect();
-        let mut swarm = Swarm::new(SwarmConfig::default());
+        let mut swarm = Swarm::new(SwarmConfig {
+            origin_timeout: Duration::from_secs_f64(setup.origin_timeout),
+            ..SwarmConfig::default()
+        });
         let mut rng = tessera_benches::Rng::new(setup.seed);
         let mut agents = Vec::with_capacity(setup.nodes);
         let mut queue = BinaryHeap::new();
