@@ -61,7 +61,11 @@ fn env_flag(name: &str) -> bool {
 fn nodes_list() -> Vec<usize> {
     std::env::var("TESSERA_BENCH_SIM_NODES")
         .ok()
-        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect::<Vec<usize>>())
+        .map(|v| {
+            v.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect::<Vec<usize>>()
+        })
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| vec![100, 1000, 5000])
 }
@@ -166,7 +170,13 @@ fn simulate(setup: Setup) -> Measured {
     let mut out = World::new(setup.clone()).run(HORIZON);
     out.decide_ns.sort_unstable();
     out.announce_ns.sort_unstable();
-    let two = |v: &[u32]| if v.is_empty() { [0, 0] } else { [pct(v, 50.0), pct(v, 99.0)] };
+    let two = |v: &[u32]| {
+        if v.is_empty() {
+            [0, 0]
+        } else {
+            [pct(v, 50.0), pct(v, 99.0)]
+        }
+    };
     let (decide, announce) = (two(&out.decide_ns), two(&out.announce_ns));
     eprintln!(
         "sim: {} with {} nodes: last done {:.2} s, {} events in {:.1} s",
@@ -233,8 +243,19 @@ fn print_runs(title: &str, runs: &[&Measured]) {
     let mut t = Table::new(
         title,
         &[
-            "nodes", "image", "p50", "p99", "p99.9", "last", "origin egress", "find_peers p50/p99",
-            "announce p50/p99", "peers/wait/origin answers", "busy", "events", "wall",
+            "nodes",
+            "image",
+            "p50",
+            "p99",
+            "p99.9",
+            "last",
+            "origin egress",
+            "find_peers p50/p99",
+            "announce p50/p99",
+            "peers/wait/origin answers",
+            "busy",
+            "events",
+            "wall",
         ],
     );
     for m in runs {
@@ -276,7 +297,8 @@ fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, String) {
             if row["method"] != "tessera lazy read, P2P" {
                 continue;
             }
-            let (Some(n), Some(t)) = (row["nodes"].as_u64(), row["last_done_seconds"].as_f64()) else {
+            let (Some(n), Some(t)) = (row["nodes"].as_u64(), row["last_done_seconds"].as_f64())
+            else {
                 continue;
             };
             times.push((n as usize, t));
@@ -321,10 +343,20 @@ fn main() {
         .iter()
         .map(|&n| simulate(testbed(n, capacity.bps, small)))
         .collect();
-    print_runs("testbed: the real swarm benchmark's set-up", &testbed_runs.iter().collect::<Vec<_>>());
+    print_runs(
+        "testbed: the real swarm benchmark's set-up",
+        &testbed_runs.iter().collect::<Vec<_>>(),
+    );
     let mut v = Table::new(
         &format!("validation: model vs the real run ({real_source})"),
-        &["nodes", "model: last done", "real: last done", "error", "model egress", "real egress"],
+        &[
+            "nodes",
+            "model: last done",
+            "real: last done",
+            "error",
+            "model egress",
+            "real egress",
+        ],
     );
     let mut validation = Vec::new();
     for m in &testbed_runs {
@@ -334,7 +366,11 @@ fn main() {
         let model_t = pct(&m.out.done, 100.0);
         let error = (model_t - real_t) / real_t;
         let egress = m.out.origin_bytes as f64 / m.setup.image_bytes() as f64;
-        let real_e = if m.setup.nodes == 20 { real_egress } else { None };
+        let real_e = if m.setup.nodes == 20 {
+            real_egress
+        } else {
+            None
+        };
         v.row(vec![
             format!("{}", m.setup.nodes),
             secs(model_t),
@@ -353,7 +389,10 @@ fn main() {
 
     // 2. The common set-up at each N.
     let common_nodes = if small { vec![100] } else { nodes_list() };
-    let common_runs: Vec<Measured> = common_nodes.iter().map(|&n| simulate(common(n, small))).collect();
+    let common_runs: Vec<Measured> = common_nodes
+        .iter()
+        .map(|&n| simulate(common(n, small)))
+        .collect();
     print_runs(
         "common: 1 GiB image in 4 layers, 1 Gbit/s hosts, origin 200 Mbit/s",
         &common_runs.iter().collect::<Vec<_>>(),
@@ -361,21 +400,38 @@ fn main() {
 
     // 3. Kraken's published set-up.
     let kraken_run = simulate(kraken(if small { 100 } else { 2600 }, small));
-    print_runs("kraken: 3 GB image in 2 layers, 300 MB/s hosts, 5 × 300 MB/s origin", &[&kraken_run]);
+    print_runs(
+        "kraken: 3 GB image in 2 layers, 300 MB/s hosts, 5 × 300 MB/s origin",
+        &[&kraken_run],
+    );
     let d = &kraken_run.out.done;
     let ours = [pct(d, 50.0), pct(d, 99.0), pct(d, 99.9)];
     let mut k = Table::new(
-        &format!("Kraken's published figures vs ours ({} hosts)", kraken_run.setup.nodes),
+        &format!(
+            "Kraken's published figures vs ours ({} hosts)",
+            kraken_run.setup.nodes
+        ),
         &["", "p50", "p99", "p99.9"],
     );
-    k.row(std::iter::once("Kraken (published)".to_string()).chain(KRAKEN.iter().map(|&x| secs(x))).collect());
-    k.row(std::iter::once("tessera (simulated)".to_string()).chain(ours.iter().map(|&x| secs(x))).collect());
+    k.row(
+        std::iter::once("Kraken (published)".to_string())
+            .chain(KRAKEN.iter().map(|&x| secs(x)))
+            .collect(),
+    );
+    k.row(
+        std::iter::once("tessera (simulated)".to_string())
+            .chain(ours.iter().map(|&x| secs(x)))
+            .collect(),
+    );
     k.note(format!(
         "the issue's target: p99 below Kraken's 18 s — {}",
         if ours[1] < KRAKEN[1] { "met" } else { "missed" }
     ));
     k.print();
-    println!("\nsimulation: {:.0} s in all", started.elapsed().as_secs_f64());
+    println!(
+        "\nsimulation: {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
 
     if let Ok(path) = std::env::var("TESSERA_BENCH_JSON") {
         let rows: Vec<Value> = testbed_runs

@@ -61,7 +61,13 @@ pub struct Net {
 }
 
 impl Net {
-    pub fn new(hosts: usize, up_bps: f64, down_bps: f64, origin_bps: f64, cpu_bps: Option<f64>) -> Self {
+    pub fn new(
+        hosts: usize,
+        up_bps: f64,
+        down_bps: f64,
+        origin_bps: f64,
+        cpu_bps: Option<f64>,
+    ) -> Self {
         Net {
             up_bps: vec![up_bps; hosts],
             down_bps: vec![down_bps; hosts],
@@ -87,7 +93,15 @@ impl Net {
     }
 
     /// Starts a flow of `bytes`; the finish times that changed (its own among them).
-    pub fn start(&mut self, from: From, to: u32, bytes: u64, tag: u32, now: f64, out: &mut Vec<Finish>) -> u32 {
+    pub fn start(
+        &mut self,
+        from: From,
+        to: u32,
+        bytes: u64,
+        tag: u32,
+        now: f64,
+        out: &mut Vec<Finish>,
+    ) -> u32 {
         let flow = Flow {
             from,
             to,
@@ -152,8 +166,11 @@ impl Net {
             From::Host(h) => self.up_bps[h as usize] / self.uploads[h as usize].len().max(1) as f64,
             From::Origin => self.origin_bps / self.origin_flows.len().max(1) as f64,
         };
-        let receiver = self.down_bps[f.to as usize] / self.downloads[f.to as usize].len().max(1) as f64;
-        let cpu = self.cpu_bps.map_or(f64::INFINITY, |c| c / self.live.len().max(1) as f64);
+        let receiver =
+            self.down_bps[f.to as usize] / self.downloads[f.to as usize].len().max(1) as f64;
+        let cpu = self
+            .cpu_bps
+            .map_or(f64::INFINITY, |c| c / self.live.len().max(1) as f64);
         sender.min(receiver).min(cpu)
     }
 

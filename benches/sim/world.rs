@@ -228,7 +228,12 @@ impl World {
                 let mut start = file_start;
                 while start < file_end {
                     let end = (start + setup.chunk_bytes).min(file_end);
-                    chunks.push(Chunk { blob: b as u32, start, end, file });
+                    chunks.push(Chunk {
+                        blob: b as u32,
+                        start,
+                        end,
+                        file,
+                    });
                     start = end;
                 }
                 file += 1;
@@ -248,7 +253,8 @@ impl World {
         let mut seq = 0;
         for k in 0..setup.nodes {
             let id = HostId(format!("h{k}"));
-            let address: SocketAddr = SocketAddr::from(([10, (k >> 16) as u8, (k >> 8) as u8, k as u8], 7081));
+            let address: SocketAddr =
+                SocketAddr::from(([10, (k >> 16) as u8, (k >> 8) as u8, k as u8], 7081));
             swarm.register(
                 Host {
                     id: id.clone(),
@@ -278,7 +284,13 @@ impl World {
                 kind: Kind::Heartbeat(k as u32),
             });
         }
-        let net = Net::new(setup.nodes, setup.host_up_bps, setup.host_down_bps, setup.origin_bps, setup.cpu_bps);
+        let net = Net::new(
+            setup.nodes,
+            setup.host_up_bps,
+            setup.host_down_bps,
+            setup.origin_bps,
+            setup.cpu_bps,
+        );
         let window = (setup.window_bytes / setup.chunk_bytes).max(1) as usize;
         World {
             setup,
@@ -307,7 +319,11 @@ impl World {
 
     fn push(&mut self, t: f64, kind: Kind) {
         self.seq += 1;
-        self.queue.push(Event { t, seq: self.seq, kind });
+        self.queue.push(Event {
+            t,
+            seq: self.seq,
+            kind,
+        });
     }
 
     fn schedule_finishes(&mut self) {
@@ -339,7 +355,9 @@ impl World {
                 Kind::AskAgain(r) => self.ask(r, now),
                 Kind::PeerArrive { run, peer } => self.on_peer_arrive(run, peer, now),
                 Kind::PeerRefused { run, peer, busy } => {
-                    let Some(state) = self.runs[run as usize].as_mut() else { continue };
+                    let Some(state) = self.runs[run as usize].as_mut() else {
+                        continue;
+                    };
                     state.abandoned.push(peer);
                     if !busy {
                         state.only_busy = false;
@@ -349,7 +367,8 @@ impl World {
                 Kind::OriginArrive(r) => {
                     let host = self.fetch(r).host;
                     let bytes = self.chunk_len(self.fetch(r).chunk);
-                    self.net.start(From::Origin, host, bytes, r, now, &mut self.finishes);
+                    self.net
+                        .start(From::Origin, host, bytes, r, now, &mut self.finishes);
                     self.schedule_finishes();
                 }
                 Kind::FlowDone { flow, version } => {
@@ -370,7 +389,10 @@ impl World {
                         host: self.agents[host as usize].id.clone(),
                         held: vec![BlobRanges {
                             blob: self.blobs[blob].clone(),
-                            ranges: vec![ByteRange { start: c.start, end: c.end }],
+                            ranges: vec![ByteRange {
+                                start: c.start,
+                                end: c.end,
+                            }],
                             size: Some(self.setup.layers[blob]),
                         }],
                         dropped: vec![],
@@ -384,7 +406,11 @@ impl World {
                 }
             }
         }
-        let mut done: Vec<f64> = self.agents.iter().map(|a| a.done.unwrap_or(f64::INFINITY)).collect();
+        let mut done: Vec<f64> = self
+            .agents
+            .iter()
+            .map(|a| a.done.unwrap_or(f64::INFINITY))
+            .collect();
         done.sort_by(f64::total_cmp);
         Outcomes {
             done,
@@ -487,7 +513,10 @@ impl World {
         let find = FindPeers {
             host: self.agents[h as usize].id.clone(),
             blob: self.blobs[blob].clone(),
-            range: ByteRange { start: c.start, end: c.end },
+            range: ByteRange {
+                start: c.start,
+                end: c.end,
+            },
         };
         let at = self.at(now);
         let t0 = Instant::now();
@@ -525,7 +554,9 @@ impl World {
     }
 
     fn on_answer(&mut self, r: u32, now: f64) {
-        let Some(answer) = self.fetch_mut(r).answer.take() else { return };
+        let Some(answer) = self.fetch_mut(r).answer.take() else {
+            return;
+        };
         match answer {
             Answer::Origin => self.to_origin(r, now),
             Answer::Wait(pause) => {
@@ -540,8 +571,18 @@ impl World {
                 let run = self.fetch(r);
                 if !run.remembered {
                     let (h, blob) = (run.host, self.chunks[run.chunk as usize].blob as usize);
-                    let whole: Vec<u32> = run.named.iter().zip(&run.whole).filter(|(_, w)| **w).map(|(p, _)| *p).collect();
-                    self.agents[h as usize].holders[blob] = if whole.is_empty() { None } else { Some((whole, now)) };
+                    let whole: Vec<u32> = run
+                        .named
+                        .iter()
+                        .zip(&run.whole)
+                        .filter(|(_, w)| **w)
+                        .map(|(p, _)| *p)
+                        .collect();
+                    self.agents[h as usize].holders[blob] = if whole.is_empty() {
+                        None
+                    } else {
+                        Some((whole, now))
+                    };
                 }
                 let run = self.fetch_mut(r);
                 run.abandoned.clear();
@@ -555,17 +596,31 @@ impl World {
     /// The next turn of a round over the named peers, or the round's end.
     fn next_turn(&mut self, r: u32, now: f64) {
         let run = self.fetch(r);
-        let usable: Vec<u32> = run.named.iter().copied().filter(|p| !run.abandoned.contains(p)).collect();
+        let usable: Vec<u32> = run
+            .named
+            .iter()
+            .copied()
+            .filter(|p| !run.abandoned.contains(p))
+            .collect();
         if run.turn < run.named.len() && !usable.is_empty() {
             let peer = usable[run.turn % usable.len()];
             self.fetch_mut(r).turn += 1;
-            self.push(now + self.setup.host_rtt / 2.0, Kind::PeerArrive { run: r, peer });
+            self.push(
+                now + self.setup.host_rtt / 2.0,
+                Kind::PeerArrive { run: r, peer },
+            );
             return;
         }
         // The round got nothing (a success lands the run instead).
         let (h, blob, remembered, only_busy, asked) = {
             let run = self.fetch(r);
-            (run.host, self.chunks[run.chunk as usize].blob as usize, run.remembered, run.only_busy, run.turn > 0)
+            (
+                run.host,
+                self.chunks[run.chunk as usize].blob as usize,
+                run.remembered,
+                run.only_busy,
+                run.turn > 0,
+            )
         };
         if remembered {
             self.agents[h as usize].holders[blob] = None;
@@ -599,7 +654,14 @@ impl World {
         let back = now + self.setup.host_rtt / 2.0;
         if p.uploads >= self.setup.max_uploads {
             self.lookups.busy += 1;
-            self.push(back, Kind::PeerRefused { run: r, peer, busy: true });
+            self.push(
+                back,
+                Kind::PeerRefused {
+                    run: r,
+                    peer,
+                    busy: true,
+                },
+            );
             return;
         }
         if !p.has[chunk as usize] {
@@ -608,19 +670,30 @@ impl World {
             let t = Transfer {
                 peer: Some(p.id.clone()),
                 blob: self.blobs[c.blob as usize].clone(),
-                range: ByteRange { start: c.start, end: c.end },
+                range: ByteRange {
+                    start: c.start,
+                    end: c.end,
+                },
                 bytes: 0,
                 duration_us: 1,
                 outcome: Outcome::NotFound,
             };
             let (me, at) = (self.agents[h as usize].id.clone(), self.at(back));
             let _ = self.swarm.report(&me, &[t], at);
-            self.push(back, Kind::PeerRefused { run: r, peer, busy: false });
+            self.push(
+                back,
+                Kind::PeerRefused {
+                    run: r,
+                    peer,
+                    busy: false,
+                },
+            );
             return;
         }
         self.agents[peer as usize].uploads += 1;
         let bytes = self.chunk_len(chunk);
-        self.net.start(From::Host(peer), h, bytes, r, now, &mut self.finishes);
+        self.net
+            .start(From::Host(peer), h, bytes, r, now, &mut self.finishes);
         self.schedule_finishes();
         let asked_at = now - self.setup.host_rtt / 2.0;
         let run = self.fetch_mut(r);
@@ -636,7 +709,9 @@ impl World {
 
     /// A run's chunk landed; whether its node is now done.
     fn on_landed(&mut self, r: u32, now: f64) -> bool {
-        let Some(run) = self.runs[r as usize].take() else { return false };
+        let Some(run) = self.runs[r as usize].take() else {
+            return false;
+        };
         self.free_runs.push(r);
         let c = &self.chunks[run.chunk as usize];
         let from_peer = run.serving;
@@ -646,7 +721,10 @@ impl World {
         let t = Transfer {
             peer: from_peer.map(|p| self.agents[p as usize].id.clone()),
             blob: self.blobs[c.blob as usize].clone(),
-            range: ByteRange { start: c.start, end: c.end },
+            range: ByteRange {
+                start: c.start,
+                end: c.end,
+            },
             bytes: c.end - c.start,
             duration_us: ((now - run.request_at) * 1e6).max(1.0) as u64,
             outcome: Outcome::Ok,
@@ -654,7 +732,13 @@ impl World {
         let at = self.at(now);
         let me = self.agents[run.host as usize].id.clone();
         let _ = self.swarm.report(&me, &[t], at);
-        self.push(now + self.setup.host_rtt / 2.0, Kind::Announce { host: run.host, chunk: run.chunk });
+        self.push(
+            now + self.setup.host_rtt / 2.0,
+            Kind::Announce {
+                host: run.host,
+                chunk: run.chunk,
+            },
+        );
         let total = self.chunks.len();
         let first = self.agents[run.host as usize].first_chunk;
         let a = &mut self.agents[run.host as usize];
