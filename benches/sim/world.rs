@@ -558,11 +558,11 @@ impl World {
             return;
         };
         match answer {
-            Answer::Origin => self.to_origin(r, now),
+            Answer::Origin => self.fetch_from_origin(r, now),
             Answer::Wait(pause) => {
                 if self.waited_too_long(r, pause, now) {
                     self.lookups.gave_up_waiting += 1;
-                    self.to_origin(r, now);
+                    self.fetch_from_origin(r, now);
                 } else {
                     self.push(now + pause, Kind::AskAgain(r));
                 }
@@ -631,7 +631,7 @@ impl World {
             let rest = self.fetch(r).rest;
             if self.waited_too_long(r, rest, now) {
                 self.lookups.gave_up_waiting += 1;
-                self.to_origin(r, now);
+                self.fetch_from_origin(r, now);
                 return;
             }
             let run = self.fetch_mut(r);
@@ -642,7 +642,7 @@ impl World {
         let run = self.fetch_mut(r);
         run.fruitless += 1;
         if run.fruitless >= FRUITLESS_ROUNDS {
-            self.to_origin(r, now);
+            self.fetch_from_origin(r, now);
         } else {
             self.ask(r, now);
         }
@@ -701,7 +701,7 @@ impl World {
         run.request_at = asked_at;
     }
 
-    fn to_origin(&mut self, r: u32, now: f64) {
+    fn fetch_from_origin(&mut self, r: u32, now: f64) {
         self.fetch_mut(r).request_at = now;
         let delay = (self.setup.host_rtt + self.setup.origin_rtt) / 2.0;
         self.push(now + delay, Kind::OriginArrive(r));
