@@ -80,6 +80,8 @@ impl Swarm {
             (self.cursor.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n as u64) as usize
         };
         let mut candidates: Vec<(bool, f64, Slot)> = Vec::new();
+        // Holders resting after failures: offered only when no other holder is usable.
+        let mut resting: Vec<(bool, f64, Slot)> = Vec::new();
         // The bound applies once a usable holder is found: a range few hosts hold, in a
         // blob many hold parts of, is found wherever it sits in the list rather than
         // sent to the origin again (the swarm simulation, benches/sim.rs, showed the
@@ -102,15 +104,31 @@ impl Swarm {
             };
             let usable = h.expires > now
                 && h.verification_failures < config.verification_failure_limit
-                && h.resting_until.is_none_or(|t| t <= now)
                 && !h.draining
                 && !self.blocked.contains(&h.host.id);
-            if usable {
-                candidates.push((held == want, score(h, zone), *slot));
-                if candidates.len() >= config.sample {
-                    break;
-                }
+            if !usable {
+                continue;
             }
+            let ranked = (held == want, score(h, zone), *slot);
+            if h.resting_until.is_some_and(|t| t > now) {
+                if resting.len() < config.peers_returned {
+                    resting.push(ranked);
+                }
+                continue;
+            }
+            candidates.push(ranked);
+            if candidates.len() >= config.sample {
+                break;
+            }
+        }
+        // A holder rests after timeouts (a stall, often a starved machine, not a lie):
+        // while another serves it is skipped, but when only resting holders have the
+        // range they are offered again. Otherwise every asker goes to the origin, the
+        // one link the whole swarm shares: 20 nodes pulling through their mirrors sent
+        // the registry 1.7x the image when the sole holder of a blob was rested. The
+        // agent gives up on a peer that fails again and fetches from the origin then.
+        if candidates.is_empty() {
+            candidates = resting;
         }
         candidates.sort_by(|a, b| {
             b.0.cmp(&a.0)
@@ -121,7 +139,7 @@ impl Swarm {
         candidates.into_iter().map(|(_, _, slot)| slot).collect()
     }
 
-    /// Nobody holds any of `range`: only a few hosts go to the origin; the others wait
+    /// Nobody holds any of `range` (or every holder is excluded): only a few hosts go to the origin; the others wait
     /// for them. Flights older than `origin_timeout` are presumed failed.
     fn origin_or_wait(&mut self, ix: BlobIx, me: Slot, range: ByteRange, now: Instant) -> Decision {
         let (fetchers, timeout, wait) = (
@@ -218,6 +236,86 @@ mod tests {
             s.find_peers(&find("h5", 4096, 5000), now).unwrap(),
             Decision::Origin
         );
+    }
+
+    /// An origin fetcher announcing the first part of its flight ends the flight for
+    /// that part only: the rest is still on its way, so others wait for it rather than
+    /// fetching it from the origin too.
+    #[test]
+    fn announcing_part_of_a_flight_keeps_the_rest_in_flight() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["a", "b", "c"] {
+            s.register(host(id, "z"), now);
+        }
+        assert_eq!(
+            s.find_peers(&find("a", 0, 400), now).unwrap(),
+            Decision::Origin
+        );
+        announce(&mut s, "a", 0, 100, now);
+        match s.find_peers(&find("b", 0, 100), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(p[0].0, HostId("a".into())),
+            d => panic!("{d:?}"),
+        }
+        assert!(
+            matches!(
+                s.find_peers(&find("b", 200, 300), now).unwrap(),
+                Decision::Wait(_)
+            ),
+            "the rest of a's flight was given to another fetcher"
+        );
+        // A part announced in the middle leaves both sides in flight.
+        announce(&mut s, "a", 200, 300, now);
+        for (start, end) in [(100, 200), (300, 400)] {
+            assert!(
+                matches!(
+                    s.find_peers(&find("c", start, end), now).unwrap(),
+                    Decision::Wait(_)
+                ),
+                "{start}..{end}"
+            );
+        }
+        // Beyond the flight nobody fetches: the origin.
+        assert_eq!(
+            s.find_peers(&find("c", 400, 500), now).unwrap(),
+            Decision::Origin
+        );
+    }
+
+    /// A sole holder rested after timeouts is still offered (rather than sending every
+    /// asker to the origin); with another holder about, the resting one is skipped.
+    #[test]
+    fn a_resting_sole_holder_is_offered_rather_than_the_origin() {
+        let now = Instant::now();
+        let mut s = Swarm::new(SwarmConfig::default());
+        for id in ["seed", "me", "other"] {
+            s.register(host(id, "z"), now);
+        }
+        announce(&mut s, "seed", 0, 1000, now);
+        let stalled = Transfer {
+            peer: Some(HostId("seed".into())),
+            blob: blob(),
+            range: ByteRange { start: 0, end: 100 },
+            bytes: 0,
+            duration_us: 10,
+            outcome: Outcome::Timeout,
+        };
+        s.report(&HostId("me".into()), &vec![stalled; 3], now)
+            .unwrap();
+        for _ in 0..3 {
+            match s.find_peers(&find("me", 0, 100), now).unwrap() {
+                Decision::Peers(p) => assert_eq!(p[0].0, HostId("seed".into())),
+                d => panic!("the resting sole holder was not offered: {d:?}"),
+            }
+        }
+        announce(&mut s, "other", 0, 1000, now);
+        match s.find_peers(&find("me", 0, 100), now).unwrap() {
+            Decision::Peers(p) => assert_eq!(
+                p.iter().map(|x| x.0 .0.as_str()).collect::<Vec<_>>(),
+                ["other"]
+            ),
+            d => panic!("{d:?}"),
+        }
     }
 
     #[test]

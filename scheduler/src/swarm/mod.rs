@@ -358,11 +358,30 @@ impl Swarm {
             };
             let holding = &mut blob.holders[i];
             holding.add(held.ranges);
-            // Any part announced ends the flight: others now get this host for that
-            // part and ask again for the rest (going to the origin if nobody has it).
+            // What it announced of its flights is no longer in flight: others now get
+            // this host for that part. The rest of a flight still is, and the
+            // announcement shows it making progress, so its timeout starts again: an
+            // agent announces each chunk of a long origin run as it lands, and ending
+            // the whole flight at the first would send others to the origin for the
+            // chunks still on their way.
             let ranges = holding.ranges.clone();
-            blob.flights
-                .retain(|f| f.host != slot || !ranges.iter().any(|r| overlaps(*r, f.range)));
+            let mut flights = Vec::with_capacity(blob.flights.len());
+            for f in blob.flights.drain(..) {
+                if f.host != slot || !ranges.iter().any(|r| overlaps(*r, f.range)) {
+                    flights.push(f);
+                    continue;
+                }
+                let mut rest = vec![f.range];
+                for r in &ranges {
+                    subtract(&mut rest, *r);
+                }
+                flights.extend(rest.into_iter().map(|range| Flight {
+                    range,
+                    host: slot,
+                    started: now,
+                }));
+            }
+            blob.flights = flights;
         }
         for dropped in a.dropped {
             if let Some(&ix) = self.blob_ids.get(&dropped.blob) {
