@@ -1,5 +1,6 @@
 //! The origin step of a run: one Range request over the run's missing units, each
-//! verified (on the blocking pool) and answered as soon as its last byte is here;
+//! verified (on the blocking pool), answered and announced to the swarm as soon as its
+//! last byte is here;
 //! units that failed are asked for again after a pause that doubles, up to
 //! `fetch.attempts` requests.
 
@@ -77,6 +78,7 @@ impl Fetcher {
                     let raw = arrived[from..to].to_vec();
                     let (this, wanted, run, piece) =
                         (self.clone(), wanted.clone(), run.clone(), piece.clone());
+                    let blob = blob.clone();
                     let check = match piece.checkpoint {
                         None => {
                             let i = piece.members[0];
@@ -90,7 +92,9 @@ impl Fetcher {
                                     Source::Origin,
                                     started,
                                 );
-                                vec![(i, kept)]
+                                let kept = vec![(i, kept)];
+                                this.announce_kept(wanted.as_ref(), &blob, &run, &kept);
+                                kept
                             })
                         }
                         Some(checkpoint) => {
@@ -114,14 +118,16 @@ impl Fetcher {
                                     }
                                 };
                                 super::blocking(move || {
-                                    this.inflate_and_keep(
+                                    let kept = this.inflate_and_keep(
                                         wanted.as_ref(),
                                         &run,
                                         &piece,
                                         &raw,
                                         resume,
                                         started,
-                                    )
+                                    );
+                                    this.announce_kept(wanted.as_ref(), &blob, &run, &kept);
+                                    kept
                                 })
                                 .await
                                 .unwrap_or_default()
@@ -176,7 +182,7 @@ impl Fetcher {
             if spans {
                 self.recent_spans().keep(&blob, start, joined);
             }
-            let (mut held, mut verified, mut spoiled) = (Vec::new(), 0, false);
+            let (mut verified, mut spoiled) = (0, false);
             for check in checks {
                 let Ok(results) = check.await else {
                     last_error = ChunkFailure::Stopped.to_string();
@@ -186,9 +192,6 @@ impl Fetcher {
                     match result {
                         Ok(got) => {
                             verified += got.data.len() as u64;
-                            if got.newly_stored {
-                                held.push((run[i].unit.key, run[i].unit.range()));
-                            }
                             outcomes[i] = Some(Ok(got));
                         }
                         Err(reason) => {
@@ -217,8 +220,6 @@ impl Fetcher {
             if spans && spoiled {
                 self.recent_spans().forget(&blob, start, end);
             }
-            // What was verified before a cut is kept and may be announced.
-            self.announce(wanted.as_ref(), &blob, held);
             // For the scheduler's account of bytes by source: the verified,
             // uncompressed bytes, as the agent's own origin_bytes counts them.
             if verified > 0 {
@@ -234,6 +235,25 @@ impl Fetcher {
             }
         }
         last_error
+    }
+
+    /// Announces the units of `kept` this node stored, as soon as they are: peers
+    /// fetch each from here while the rest of the run still streams in from the
+    /// origin (announced at the run's end, a swarm waited for the whole run, and with
+    /// many runs sharing a slow origin link every run ends at about the same moment).
+    fn announce_kept(
+        &self,
+        wanted: &dyn Wanted,
+        blob: &str,
+        run: &[Planned],
+        kept: &[(usize, Result<super::Fetched, String>)],
+    ) {
+        let held = kept
+            .iter()
+            .filter(|(_, got)| got.as_ref().is_ok_and(|got| got.newly_stored))
+            .map(|&(i, _)| (run[i].unit.key, run[i].unit.range()))
+            .collect();
+        self.announce(wanted, blob, held);
     }
 
     fn report_origin(

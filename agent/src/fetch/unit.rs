@@ -114,9 +114,8 @@ pub trait Wanted: Send + Sync + 'static {
         None
     }
 
-    /// Whether a unit may be offered to peers as soon as it is verified. Pieces fetched
-    /// against a peer's piece table are offered only once the whole blob matched its
-    /// digest.
+    /// Whether a unit may be offered to peers as soon as it is verified (a kind that
+    /// says no is announced by its caller when it sees fit).
     fn announce_at_once(&self) -> bool {
         true
     }
