@@ -63,6 +63,8 @@ pub struct Agent {
     cache: Arc<ChunkCache>,
     /// This node in the swarm, when P2P is on.
     network: Option<Arc<Network>>,
+    /// Every mount's backing copies take turns (`mounted::until_quiet`).
+    backing_turn: Arc<tokio::sync::Semaphore>,
     runtime: tokio::runtime::Handle,
     /// Mounts by mountpoint (canonical path).
     mounts: Mutex<HashMap<PathBuf, Arc<Mount>>>,
@@ -230,6 +232,7 @@ impl Agent {
             fetcher,
             cache,
             network,
+            backing_turn: Arc::new(tokio::sync::Semaphore::new(1)),
             runtime: tokio::runtime::Handle::current(),
             mounts: Mutex::new(HashMap::new()),
             bootstrap_dir,

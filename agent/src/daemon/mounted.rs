@@ -13,9 +13,24 @@ use rafs_format::reader::FileChunk;
 use crate::cache::{ChunkCache, FileLayout};
 use crate::fetch::{ChunkRead, Fetcher, ImageChunks, Wanted};
 use crate::fs::{ChunkReader, Data};
+use crate::peer::Network;
 
 /// How long a closed file's backing copy waits for its last chunks to be stored.
 const BACKING_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the node must have been quiet — nothing fetched, no read waiting, no upload
+/// to a peer — before a backing copy is made. The copy only speeds up the file's next
+/// open, and it is a whole extra copy of the file: made while a swarm is still pulling
+/// it took a tenth of every agent's CPU in the 20-node benchmark (benches/README.md),
+/// from the reads and uploads others wait for.
+const BACKING_QUIET: Duration = Duration::from_millis(200);
+
+/// The longest a backing copy gives way to other work; then it is made anyway (a node
+/// that never goes quiet still gets passthrough for its files).
+const BACKING_QUIET_LIMIT: Duration = Duration::from_secs(60);
+
+/// How often a backing copy waiting for quiet looks.
+const QUIET_POLL: Duration = Duration::from_millis(100);
 
 /// What the filesystem reads through: the image's chunks, and the read statistics.
 #[derive(Debug)]
@@ -25,6 +40,11 @@ pub struct MountedImage {
     pub(super) fetcher: Arc<Fetcher>,
     /// The node's cache, for backing files (FUSE passthrough).
     pub(super) cache: Arc<ChunkCache>,
+    /// The swarm, when P2P is on: its uploads count as work a backing copy waits for.
+    pub(super) network: Option<Arc<Network>>,
+    /// Backing copies are made one at a time (only the one holding the turn watches
+    /// for quiet).
+    pub(super) backing_turn: Arc<tokio::sync::Semaphore>,
     /// `fetch.readahead_bytes`.
     pub(super) readahead: u64,
     /// The runtime FUSE worker threads block on for a miss.
@@ -49,6 +69,24 @@ pub struct MountedImage {
     pub(super) slow_reads: AtomicU64,
     /// When a slow read was last logged (ms since `started`): one line a second at most.
     pub(super) slow_logged_ms: AtomicU64,
+}
+
+/// Waits until the node has been quiet for [`BACKING_QUIET`] (nothing fetched, no read
+/// waiting, no upload to a peer), or [`BACKING_QUIET_LIMIT`] has passed.
+async fn until_quiet(fetcher: &Fetcher, network: Option<&Network>) {
+    let started = Instant::now();
+    let mut quiet_since: Option<Instant> = None;
+    while started.elapsed() < BACKING_QUIET_LIMIT {
+        let uploading = network.is_some_and(|n| n.server().active_uploads() > 0);
+        if fetcher.is_idle() && !uploading {
+            if quiet_since.get_or_insert_with(Instant::now).elapsed() >= BACKING_QUIET {
+                return;
+            }
+        } else {
+            quiet_since = None;
+        }
+        tokio::time::sleep(QUIET_POLL).await;
+    }
 }
 
 impl MountedImage {
@@ -108,13 +146,18 @@ impl ChunkReader for MountedImage {
             return;
         }
         let (cache, fetcher) = (self.cache.clone(), self.fetcher.clone());
+        let (network, turn) = (self.network.clone(), self.backing_turn.clone());
         // The file's last chunks may still be on their way to the disk (a reader is
-        // answered before its chunk is stored): wait for them, then copy, which may
-        // take a while (the kernel copies, or shares extents) — all off the session
-        // thread.
+        // answered before its chunk is stored): wait for them and for the node to go
+        // quiet, then copy, which may take a while (the kernel copies, or shares
+        // extents) — all off the session thread.
         self.runtime.spawn(async move {
+            let Ok(_turn) = turn.acquire_owned().await else {
+                return;
+            };
             let keys: Vec<_> = layout.pieces.iter().filter_map(|p| p.2).collect();
             fetcher.landed(&keys, BACKING_WAIT).await;
+            until_quiet(&fetcher, network.as_deref()).await;
             if !cache.wants_backing_file(&layout) {
                 return;
             }

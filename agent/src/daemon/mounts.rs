@@ -97,6 +97,8 @@ impl Agent {
             chunks,
             fetcher: self.fetcher.clone(),
             cache: self.cache.clone(),
+            network: self.network.clone(),
+            backing_turn: self.backing_turn.clone(),
             readahead: self.config.fetch.readahead_bytes,
             runtime: self.runtime.clone(),
             requested: image.to_string(),

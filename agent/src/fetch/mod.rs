@@ -179,6 +179,17 @@ impl Fetcher {
         self.stopped.send_replace(true);
     }
 
+    /// Whether nothing is being fetched and no read waits: work nobody waits for (a
+    /// backing copy for a file's next open) may have the machine.
+    pub fn is_idle(&self) -> bool {
+        self.reads_waiting() == 0
+            && self
+                .flights
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+    }
+
     /// FUSE reads blocked on a miss right now (the shutdown waits for them, up to its
     /// grace period).
     pub fn reads_waiting(&self) -> usize {
