@@ -51,6 +51,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -118,6 +119,22 @@ struct Profile {
     origin_seconds: Vec<f64>,
     served_bytes: Vec<f64>,
     read_wait_seconds: Vec<f64>,
+    /// The run's progress over time.
+    timeline: Vec<Sample>,
+}
+
+/// How often a run's progress is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+/// A run's progress at one moment.
+#[derive(Clone, Default)]
+struct Sample {
+    seconds: f64,
+    /// Sent by the registry since the run started.
+    registry_bytes: f64,
+    /// Verified bytes the agents got from peers and the origin, all together.
+    received_bytes: f64,
+    nodes_done: usize,
 }
 
 impl Profile {
@@ -156,6 +173,29 @@ impl Profile {
         )
     }
 
+    /// The progress line: at each sample, MiB the registry sent / MiB the agents got
+    /// (nodes done).
+    fn timeline(&self) -> String {
+        let mib = |b: f64| b / f64::from(1 << 20);
+        let points: Vec<String> = self
+            .timeline
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:.1}s {:.0}/{:.0} ({})",
+                    p.seconds,
+                    mib(p.registry_bytes),
+                    mib(p.received_bytes),
+                    p.nodes_done
+                )
+            })
+            .collect();
+        format!(
+            "  progress (registry MiB / agents' MiB (done)): {}",
+            points.join(", ")
+        )
+    }
+
     fn nodes(&self) -> String {
         let mib = |b: f64| b / f64::from(1 << 20);
         (0..self.done.len())
@@ -190,6 +230,12 @@ impl Profile {
             "origin_chunk_seconds": self.origin_seconds,
             "served_bytes": self.served_bytes,
             "read_wait_seconds": self.read_wait_seconds,
+            "timeline": self.timeline.iter().map(|p| serde_json::json!({
+                "seconds": p.seconds,
+                "registry_bytes": p.registry_bytes,
+                "received_bytes": p.received_bytes,
+                "nodes_done": p.nodes_done,
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -224,9 +270,10 @@ impl Bench {
         }
         let before = self.swarm.origin_tx();
         let cpu_before = Cpu::read(&self.swarm, &nodes);
-        let done = self.pull_all(method, &nodes);
+        let (done, samples) = self.pull_all(method, &nodes);
         let egress = self.swarm.origin_tx() - before;
-        let profile = Cpu::read(&self.swarm, &nodes).profile_since(&cpu_before, &nodes, done);
+        let mut profile = Cpu::read(&self.swarm, &nodes).profile_since(&cpu_before, &nodes, done);
+        profile.timeline = samples;
         let last_done = profile.done.iter().copied().fold(0.0, f64::max);
         let agent_dirs: Vec<PathBuf> = nodes
             .iter()
@@ -255,32 +302,75 @@ impl Bench {
         Node { containerd, agent }
     }
 
-    /// Every node pulls from the same moment; returns when each was done (seconds).
-    fn pull_all(&self, method: Method, nodes: &[Node]) -> Vec<f64> {
+    /// Every node pulls from the same moment; returns when each was done (seconds),
+    /// and the run's progress sampled every [`SAMPLE_EVERY`].
+    fn pull_all(&self, method: Method, nodes: &[Node]) -> (Vec<f64>, Vec<Sample>) {
         let barrier = std::sync::Barrier::new(nodes.len());
         let start = Instant::now();
         let (finished, watch) = mpsc::channel::<()>();
+        let done_count = AtomicUsize::new(0);
+        let over = AtomicBool::new(false);
         std::thread::scope(|scope| {
             scope.spawn(move || self.watchdog(&watch, nodes));
+            let sampler = scope.spawn(|| self.sample(nodes, start, &done_count, &over));
             let handles: Vec<_> = nodes
                 .iter()
                 .enumerate()
                 .map(|(k, node)| {
-                    let barrier = &barrier;
+                    let (barrier, done_count) = (&barrier, &done_count);
                     scope.spawn(move || {
                         barrier.wait();
                         self.pull(method, node, k);
+                        done_count.fetch_add(1, Ordering::SeqCst);
                         start.elapsed().as_secs_f64()
                     })
                 })
                 .collect();
             let done: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
             drop(finished);
+            over.store(true, Ordering::SeqCst);
+            let samples = sampler.join().unwrap_or_default();
             // Re-raise a node's failure (after the watchdog is told to stand down).
-            done.into_iter()
+            let done = done
+                .into_iter()
                 .map(|d| d.unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
+                .collect();
+            (done, samples)
         })
+    }
+
+    /// What the registry has sent and the agents have received so far, every
+    /// [`SAMPLE_EVERY`] until `over`: when the bytes came, not only how many.
+    fn sample(
+        &self,
+        nodes: &[Node],
+        start: Instant,
+        done: &AtomicUsize,
+        over: &AtomicBool,
+    ) -> Vec<Sample> {
+        let registry_before = self.swarm.origin_tx();
+        let mut samples = Vec::new();
+        while !over.load(Ordering::SeqCst) {
+            std::thread::sleep(SAMPLE_EVERY);
+            let received = nodes
+                .iter()
+                .filter_map(|n| n.agent.as_ref())
+                .map(|a| {
+                    let text = a.metrics();
+                    ["peer", "origin"]
+                        .iter()
+                        .map(|source| received_from(&text, source))
+                        .sum::<f64>()
+                })
+                .sum();
+            samples.push(Sample {
+                seconds: start.elapsed().as_secs_f64(),
+                registry_bytes: (self.swarm.origin_tx() - registry_before) as f64,
+                received_bytes: received,
+                nodes_done: done.load(Ordering::SeqCst),
+            });
+        }
+        samples
     }
 
     /// One node's pull by `method`; node `k` reads the files starting at the `k`th.
@@ -386,10 +476,8 @@ impl Cpu {
                 .map(AgentProcess::metrics)
                 .unwrap_or_default();
             let m = |sample: &str| metric(&text, sample);
-            p.peer_bytes
-                .push(m("tessera_agent_bytes_total{source=\"peer\"}"));
-            p.origin_bytes
-                .push(m("tessera_agent_bytes_total{source=\"origin\"}"));
+            p.peer_bytes.push(received_from(&text, "peer"));
+            p.origin_bytes.push(received_from(&text, "origin"));
             p.peer_seconds
                 .push(m("tessera_agent_chunk_fetch_seconds_sum{source=\"peer\"}"));
             p.origin_seconds.push(m(
@@ -402,6 +490,22 @@ impl Cpu {
         }
         p
     }
+}
+
+/// Verified bytes an agent got from `source` (`peer` or `origin`), by its metrics
+/// `text`. Mirror pieces count in the fetch series and again in the mirror's (served
+/// to containerd); a blob the mirror streamed from the origin only in the mirror's:
+/// the larger of the two is what came in.
+fn received_from(text: &str, source: &str) -> f64 {
+    let fetched = metric(
+        text,
+        &format!("tessera_agent_bytes_total{{source=\"{source}\"}}"),
+    );
+    let mirrored = metric(
+        text,
+        &format!("tessera_agent_mirror_blob_bytes_total{{source=\"{source}\"}}"),
+    );
+    fetched.max(mirrored)
 }
 
 /// The machine's CPU ticks: busy (not idle or waiting on I/O) and all (`/proc/stat`).
@@ -561,6 +665,7 @@ fn main() {
                     run.egress as f64 / f64::from(1 << 20),
                     run.profile.summary()
                 );
+                eprintln!("{}", run.profile.timeline());
                 if per_node {
                     eprint!("{}", run.profile.nodes());
                 }
