@@ -227,8 +227,10 @@ pub struct P2pConfig {
     /// Milliseconds a peer may take to connect or between two chunks before it is
     /// abandoned (and reported) for another source.
     pub peer_timeout_ms: u64,
-    /// Seconds a read may wait, in total, for other agents' origin fetches of its
-    /// chunks before fetching them from the origin itself.
+    /// Seconds a read may go without progress (rests between rounds whose holders were
+    /// all busy) before fetching its chunks from the origin itself. Waiting for another
+    /// agent's origin fetch the scheduler still sees alive is progress, bounded only by
+    /// 15 times this in all (agent/src/fetch/peers.rs).
     pub max_wait_secs: u64,
     /// Test-only fault switch: serve peers corrupted bytes (to test that requesters
     /// verify, report and exclude such a peer). Never set it in production.

@@ -13,8 +13,24 @@
 //!   the origin, the one link every node shares (with 20 nodes on 2 cores, giving up
 //!   after 3 s sent the registry 4.2x the image).
 //! - **Wait**: another agent is fetching the range from the origin; ask again shortly.
-//! - Waits and rests together last at most `p2p.max_wait_secs`; then, or when told to,
-//!   or after [`FRUITLESS_ROUNDS`] rounds in which peers failed, the origin.
+//!   The scheduler answers Wait only while that fetch shows signs of life (its fetcher
+//!   asks again every [`FLIGHT_KEEPALIVE`](super::run::FLIGHT_KEEPALIVE) while it
+//!   streams, and a flight not renewed within `origin_timeout` is presumed failed), so a
+//!   slow origin fetch that is still moving is waited for rather than fetched again by
+//!   every waiter (the swarm simulation, benches/sim.rs: a fixed 20 s bound sent the
+//!   origin 8.8x the image at 1,000 nodes behind a 200 Mbit/s registry). A run waits
+//!   at most [`WAIT_PATIENCE`] times `p2p.max_wait_secs` in all.
+//! - Rests between busy rounds last at most `p2p.max_wait_secs` *since the run last
+//!   made progress* (a unit landed, or a Wait vouched for a live origin fetch); then,
+//!   or when told to, or after [`FRUITLESS_ROUNDS`] rounds in which peers failed, the
+//!   origin.
+//! - **Remembered holders** (of a whole blob, named by the scheduler in the last
+//!   [`HOLDERS_FRESH`]) are asked starting from a different one each run, so the runs
+//!   of one node, and the nodes that were all named the same early holders, spread over
+//!   them instead of all asking the first (the simulation's Kraken set-up: 274,000 Busy
+//!   answers with every run starting at the same holder).
+//! - Each slice's verified units are announced as soon as that slice ends, not after
+//!   every slice of the round: a slow slice does not hold back what the others got.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -51,6 +67,11 @@ const BUSY_PAUSE: Duration = Duration::from_millis(100);
 /// How long the holders of a whole blob the scheduler named are asked again for other
 /// runs of that blob without asking the scheduler (a run they fail forgets them sooner).
 pub const HOLDERS_FRESH: Duration = Duration::from_secs(5);
+
+/// A run waits for other agents' origin fetches (Wait answers, each vouching for a
+/// fetch still alive) at most this many times `p2p.max_wait_secs` in all: a bound for a
+/// scheduler that would answer Wait for ever, not the policy.
+pub const WAIT_PATIENCE: u32 = 15;
 
 /// What one peer gave for one slice of a run.
 struct Slice {
@@ -103,9 +124,13 @@ impl Fetcher {
         let Some(first) = run.first() else { return };
         let blob = wanted.blob(&first.unit).to_string();
         let started = Instant::now();
+        // When the run last made progress: a unit landed, or the scheduler vouched for
+        // a live origin fetch of it.
+        let mut progress = started;
         let mut fruitless = 0;
         let mut rest = BUSY_PAUSE;
-        let waited_too_long = |pause: Duration| started.elapsed() + pause > peers.max_wait();
+        let rested_too_long =
+            |progress: Instant, pause: Duration| progress.elapsed() + pause > peers.max_wait();
         loop {
             let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
             if pending.is_empty() {
@@ -124,11 +149,12 @@ impl Fetcher {
             match choice {
                 None | Some(PeerChoice::Origin) => return,
                 Some(PeerChoice::Wait(pause)) => {
-                    if waited_too_long(pause) {
+                    if started.elapsed() + pause > peers.max_wait() * WAIT_PATIENCE {
                         tracing::warn!(blob, start = range.0, end = range.1, "waited too long for other agents' origin fetch; fetching from the origin");
                         return;
                     }
                     tokio::time::sleep(pause).await;
+                    progress = Instant::now();
                 }
                 Some(PeerChoice::Peers(named)) => {
                     let round = self
@@ -140,10 +166,12 @@ impl Fetcher {
                         continue;
                     }
                     if round.got > 0 {
+                        progress = Instant::now();
+                        rest = BUSY_PAUSE;
                         continue;
                     }
                     if round.only_busy {
-                        if waited_too_long(rest) {
+                        if rested_too_long(progress, rest) {
                             tracing::warn!(
                                 blob,
                                 start = range.0,
@@ -165,11 +193,16 @@ impl Fetcher {
         }
     }
 
-    /// The whole-blob holders of `blob` the scheduler named lately, if any.
+    /// The whole-blob holders of `blob` the scheduler named lately, if any; each call
+    /// starts the list at the next of them (see the module docs).
     pub(super) fn known_holders(&self, blob: &str) -> Option<Vec<Peer>> {
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
-        match holders.get(blob) {
-            Some((named, at)) if at.elapsed() < HOLDERS_FRESH => Some(named.clone()),
+        match holders.get_mut(blob) {
+            Some((named, at)) if at.elapsed() < HOLDERS_FRESH => {
+                let these = named.clone();
+                named.rotate_left(1);
+                Some(these)
+            }
             Some(_) => {
                 holders.remove(blob);
                 None
@@ -178,9 +211,13 @@ impl Fetcher {
         }
     }
 
-    /// Keeps those of `named` that hold the whole blob, to ask them for its next runs.
+    /// Keeps those of `named` that hold the whole blob, to ask them for its next runs,
+    /// the next run starting after the first (this run's).
     fn remember_holders(&self, blob: &str, named: &[Peer]) {
-        let whole: Vec<Peer> = named.iter().filter(|p| p.whole_blob).cloned().collect();
+        let mut whole: Vec<Peer> = named.iter().filter(|p| p.whole_blob).cloned().collect();
+        if !whole.is_empty() {
+            whole.rotate_left(1);
+        }
         let mut holders = self.holders.lock().unwrap_or_else(|p| p.into_inner());
         if whole.is_empty() {
             holders.remove(blob);
@@ -235,7 +272,6 @@ impl Fetcher {
                 slices_out.push(self.from_one_peer(peers, wanted, blob, run, peer, slice));
             }
             asked += slices_out.len();
-            let mut held = Vec::new();
             for slice in join_all(slices_out).await {
                 match slice.failure {
                     Some(PeerFailure::Busy) => {
@@ -251,13 +287,9 @@ impl Fetcher {
                 }
                 for (i, got) in slice.got {
                     round.got += 1;
-                    if got.newly_stored {
-                        held.push((run[i].unit.key, run[i].unit.range()));
-                    }
                     outcomes[i] = Some(Ok(got));
                 }
             }
-            self.announce(wanted.as_ref(), blob, held);
         }
         round.only_busy &= asked > 0 && round.got == 0;
         round
@@ -362,6 +394,13 @@ impl Fetcher {
                 failure.get_or_insert(f);
             }
         }
+        // Announced as this slice ends, whatever the round's other slices are doing.
+        let held = got
+            .iter()
+            .filter(|(_, f)| f.newly_stored)
+            .map(|(i, _)| (run[*i].unit.key, run[*i].unit.range()))
+            .collect();
+        self.announce(wanted.as_ref(), blob, held);
         let elapsed = started.elapsed();
         let units = |have: bool| -> Vec<&Unit> {
             wanted_here

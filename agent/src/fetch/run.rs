@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 use rafs_format::chunk::{decode_and_verify, Compression};
@@ -20,6 +21,16 @@ pub(super) type Check = tokio::task::JoinHandle<Result<Fetched, String>>;
 /// The check of several units at once (the origin step's pieces), with the result of
 /// each by its index in the run.
 pub(super) type Checks = tokio::task::JoinHandle<Vec<(usize, Result<Fetched, String>)>>;
+
+/// How often a run streaming from the origin asks the scheduler again for what it is
+/// fetching, as the registry mirror does for a whole blob: the scheduler keeps an
+/// origin flight alive while its fetcher asks (`origin_timeout` after the last ask), so
+/// other agents keep waiting for a fetch that is slow but moving instead of fetching
+/// the same bytes again (the swarm simulation: with a 200 Mbit/s registry shared by
+/// hundreds of flights, one 1 MiB chunk takes longer than the 10 s timeout, and the
+/// origin sent 1.78x the image at 100 nodes). A fetcher that dies stops asking, and
+/// within `origin_timeout` another agent is sent to the origin.
+pub const FLIGHT_KEEPALIVE: Duration = Duration::from_secs(3);
 
 /// A unit a leader fetches, and where its waiters listen.
 pub(super) struct Planned {
@@ -112,7 +123,9 @@ impl Fetcher {
             self.from_peers(peers.as_ref(), &wanted, &run, &mut outcomes)
                 .await;
         }
-        let last = self.from_origin(&wanted, &run, &mut outcomes).await;
+        let last = self
+            .from_origin_kept_alive(&wanted, &run, &mut outcomes)
+            .await;
         self.metrics.inflight.dec();
         for (planned, outcome) in run.iter().zip(outcomes) {
             if outcome.is_none() && planned.done.borrow().is_none() {
@@ -124,6 +137,40 @@ impl Fetcher {
                     }),
                 );
             }
+        }
+    }
+
+    /// The origin step, asking the scheduler again every [`FLIGHT_KEEPALIVE`] for the
+    /// units still missing while it streams (when in a swarm): the answer is not used.
+    async fn from_origin_kept_alive(
+        self: &Arc<Self>,
+        wanted: &Arc<dyn Wanted>,
+        run: &Arc<[Planned]>,
+        outcomes: &mut [Option<Outcome>],
+    ) -> String {
+        let pending: Vec<&Unit> = run
+            .iter()
+            .zip(outcomes.iter())
+            .filter(|(_, o)| o.is_none())
+            .map(|(p, _)| &p.unit)
+            .collect();
+        let (Some(peers), Some(first)) = (self.peers.clone(), pending.first()) else {
+            return self.from_origin(wanted, run, outcomes).await;
+        };
+        if !peers.member() {
+            return self.from_origin(wanted, run, outcomes).await;
+        }
+        let blob = wanted.blob(first).to_string();
+        let range = span(pending);
+        let keep_alive = async {
+            loop {
+                tokio::time::sleep(FLIGHT_KEEPALIVE).await;
+                let _ = peers.find(&blob, range).await;
+            }
+        };
+        tokio::select! {
+            last = self.from_origin(wanted, run, outcomes) => last,
+            () = keep_alive => String::new(),
         }
     }
 

@@ -855,17 +855,121 @@ async fn another_agents_origin_fetch_is_waited_for_then_peers_serve() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_wait_longer_than_max_wait_goes_to_the_origin() {
+async fn a_live_origin_fetch_is_waited_for_past_max_wait_but_not_for_ever() {
+    // Each Wait vouches for another agent's origin fetch still alive: waited for past
+    // max_wait (5 s), up to WAIT_PATIENCE times it in all.
     let peers = swarm(vec![PeerChoice::Wait(Duration::from_secs(2))], &[]);
     let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
     let started = Instant::now();
     assert_eq!(data(bed.get(1).await), unit_bytes(1));
+    let ceiling = peers.max_wait * peers::WAIT_PATIENCE;
     assert_eq!(
         started.elapsed(),
-        Duration::from_secs(4),
-        "two waits of 2 s in 5 s"
+        Duration::from_secs(74),
+        "waits of 2 s up to {ceiling:?}"
     );
     assert_eq!(bed.origin.ranges(), [(1000, 2000)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn busy_rests_after_a_wait_count_from_it() {
+    // 4 s of waits (within max_wait, 5 s), then a holder busy for ever: its rests are
+    // bounded by max_wait counted from the last Wait, not from the run's start.
+    let wait = PeerChoice::Wait(Duration::from_secs(2));
+    let peers = swarm(
+        vec![wait.clone(), wait, PeerChoice::Peers(vec![peer(1)])],
+        &[(1, Behaviour::BusyFor(usize::MAX))],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    let started = Instant::now();
+    assert_eq!(data(bed.get(2).await), unit_bytes(2));
+    assert_eq!(bed.origin.ranges(), [(2000, 3000)]);
+    let waited = started.elapsed();
+    let resting = waited - Duration::from_secs(4);
+    assert!(resting <= peers.max_wait, "{waited:?}");
+    assert!(
+        resting >= peers.max_wait - peers::BUSY_PAUSE_MAX,
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn remembered_holders_are_asked_starting_from_the_next_one_each_run() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![
+            whole_holder(1),
+            whole_holder(2),
+            whole_holder(3),
+        ])],
+        &[
+            (1, Behaviour::Serves),
+            (2, Behaviour::Serves),
+            (3, Behaviour::Serves),
+        ],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    for i in [1, 3, 5, 7] {
+        assert_eq!(data(bed.get(i).await), unit_bytes(i));
+    }
+    bed.settle().await;
+    assert_eq!(peers.finds.load(Ordering::SeqCst), 1, "one scheduler trip");
+    assert_eq!(
+        *peers.opened.lock().unwrap(),
+        [peer(1).id, peer(2).id, peer(3).id, peer(1).id],
+        "each run starts at the next holder"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_slice_is_announced_as_it_ends() {
+    // Peer 1 serves its slice at once; peer 2 stalls until its timeout (2 s): peer 1's
+    // units are announced before then.
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![peer(1), peer(2)])],
+        &[(1, Behaviour::Serves), (2, Behaviour::Stalls)],
+    );
+    let bed = Arc::new(Bed::new(8, 4, FakeOrigin::new(8), Some(peers.clone())));
+    let reading = {
+        let bed = bed.clone();
+        tokio::spawn(async move { data(bed.get(0).await) })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *peers.held.lock().unwrap(),
+        [(0, 1000), (1000, 2000)],
+        "the first slice announced while the second stalls"
+    );
+    assert_eq!(reading.await.unwrap(), unit_bytes(0));
+    bed.settle().await;
+    assert_eq!(peers.held.lock().unwrap().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_origin_fetch_keeps_its_flight_alive() {
+    let origin = FakeOrigin {
+        latency: Duration::from_secs(10),
+        ..FakeOrigin::new(8)
+    };
+    let peers = swarm(vec![PeerChoice::Origin], &[]);
+    let bed = Bed::new(8, 1, origin, Some(peers.clone()));
+    assert_eq!(data(bed.get(1).await), unit_bytes(1));
+    bed.settle().await;
+    assert_eq!(
+        peers.finds.load(Ordering::SeqCst),
+        1 + 3,
+        "the lookup, then one every 3 s while the 10 s fetch streams"
+    );
+    // Without a swarm, nobody to tell.
+    let quiet = Bed::new(
+        8,
+        1,
+        FakeOrigin {
+            latency: Duration::from_secs(10),
+            ..FakeOrigin::new(8)
+        },
+        None,
+    );
+    assert_eq!(data(quiet.get(1).await), unit_bytes(1));
 }
 
 #[tokio::test(start_paused = true)]
