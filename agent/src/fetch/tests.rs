@@ -1035,6 +1035,44 @@ async fn fetch_all_keeps_to_its_concurrency() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn fetch_all_in_a_swarm_starts_anywhere_and_fetches_every_unit_once() {
+    // Nobody holds anything: every run goes to the origin. Whatever point the list is
+    // led from, each unit is requested once and stored.
+    for _ in 0..4 {
+        let peers = swarm(vec![PeerChoice::Origin], &[]);
+        let bed = Bed::new(8, 2, FakeOrigin::new(8), Some(peers.clone()));
+        let wanted: Arc<dyn Wanted> = bed.wanted.clone();
+        let units: Vec<Unit> = (0..8).map(|i| bed.wanted.unit(i)).collect();
+        let mut done = Vec::new();
+        bed.fetcher
+            .fetch_all(&wanted, units, 2, |unit, outcome| {
+                outcome.unwrap();
+                done.push(unit.index);
+            })
+            .await;
+        done.sort_unstable();
+        assert_eq!(done, (0..8).collect::<Vec<_>>());
+        let mut asked: Vec<u64> = bed
+            .origin
+            .ranges()
+            .iter()
+            .flat_map(|&(s, e)| (s / u64::from(UNIT)..e / u64::from(UNIT)).collect::<Vec<_>>())
+            .collect();
+        asked.sort_unstable();
+        assert_eq!(asked, (0..8).collect::<Vec<u64>>(), "each unit once");
+    }
+}
+
+#[test]
+fn fetch_all_start_points_are_spread() {
+    let starts: std::collections::HashSet<usize> =
+        (0..200).map(|_| all::random_below(1000)).collect();
+    assert!(starts.iter().all(|&s| s < 1000));
+    assert!(starts.len() > 100, "{} distinct of 200", starts.len());
+    assert_eq!(all::random_below(1), 0);
+}
+
+#[tokio::test(start_paused = true)]
 async fn fetch_all_streams_in_large_runs_and_readers_wait_for_the_stream() {
     let origin = FakeOrigin {
         latency: Duration::from_millis(50),
