@@ -39,7 +39,7 @@ mod world;
 use serde_json::{json, Value};
 use tessera_benches::{machine_summary, Table};
 use tessera_scheduler::swarm::SwarmConfig;
-use world::{Outcomes, Setup, World};
+use world::{Outcomes, Pull, Setup, World};
 
 const MIB: u64 = 1 << 20;
 
@@ -51,11 +51,28 @@ const KRAKEN: [f64; 3] = [10.0, 18.0, 22.0];
 const RECORDED_REAL: [(usize, f64); 2] = [(1, 3.57), (20, 10.15)];
 const RECORDED_REAL_EGRESS: f64 = 1.02;
 
+/// The agent's `fetch.stream_bytes` and `fetch.prefetch_concurrency` defaults
+/// (agent/src/config.rs): a whole-image pull's runs.
+const STREAM_BYTES: u64 = 4 * MIB;
+const PREFETCH_CONCURRENCY: usize = 8;
+
+/// The testbed's CPU capacity when no real run's JSON is given: the calibration
+/// recorded in benches/README.md ("Simulation").
+const RECORDED_CAPACITY_BPS: f64 = 300e6;
+const RECORDED_CAPACITY_SOURCE: &str = "placeholder";
+
 /// Simulated seconds after which a run is cut off (a model that never completes).
 const HORIZON: f64 = 3600.0;
 
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether `TESSERA_BENCH_SIM_ONLY` (a comma list of `testbed`, `common`; unset: all)
+/// asks for this set-up (Kraken's always runs; `TESSERA_BENCH_SIM_KRAKEN_NODES` sizes it).
+fn only(setup: &str) -> bool {
+    std::env::var("TESSERA_BENCH_SIM_ONLY")
+        .map_or(true, |v| v.split(',').any(|s| s.trim() == setup))
 }
 
 fn nodes_list() -> Vec<usize> {
@@ -91,8 +108,10 @@ fn base(name: &str, nodes: usize) -> Setup {
         layers: Vec::new(),
         file_bytes: 8 * MIB,
         chunk_bytes: chunk_for(nodes),
-        // fetch.readahead_bytes
-        window_bytes: 16 * MIB,
+        // A reader of every file, fetch.readahead_bytes ahead.
+        pull: Pull::Read {
+            window_bytes: 16 * MIB,
+        },
         host_up_bps: 125e6,
         host_down_bps: 125e6,
         host_rtt: 0.0005,
@@ -138,6 +157,20 @@ fn kraken(nodes: usize, small: bool) -> Setup {
     let layer: u64 = if small { 64 * MIB } else { 1_500_000_000 };
     Setup {
         layers: vec![layer; 2],
+        // Kraken's agents pull whole images: ours do that with `fetch_all` (a preheat
+        // job, prefetch `all`), in runs of fetch.stream_bytes, fetch.prefetch_concurrency
+        // at once. At the real 1 MiB chunk, so that a run's slices go to several peers
+        // as the agent's do (`TESSERA_BENCH_SIM_KRAKEN_CHUNK_MB`).
+        pull: Pull::All {
+            stream_bytes: STREAM_BYTES,
+            concurrency: PREFETCH_CONCURRENCY,
+        },
+        chunk_bytes: std::env::var("TESSERA_BENCH_SIM_KRAKEN_CHUNK_MB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1)
+            .max(1)
+            * MIB,
         host_up_bps: 300e6,
         host_down_bps: 300e6,
         origin_bps: 5.0 * 300e6,
@@ -285,16 +318,17 @@ fn print_runs(title: &str, runs: &[&Measured]) {
     t.print();
 }
 
-/// The real run's figures: from `TESSERA_BENCH_SIM_REAL` (the swarm benchmark's JSON)
-/// or the recorded ones; and where they came from.
-fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, String) {
+/// The real run: its figures (nodes, last node done), the egress at 20 nodes, the
+/// JSON itself when `TESSERA_BENCH_SIM_REAL` names one (else the recorded figures), and
+/// where they came from.
+fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, Option<Value>, String) {
     if let Ok(path) = std::env::var("TESSERA_BENCH_SIM_REAL") {
         let text = std::fs::read_to_string(&path).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
         let mut times = Vec::new();
         let mut egress = None;
         for row in v["rows"].as_array().into_iter().flatten() {
-            if row["method"] != "tessera lazy read, P2P" {
+            if row["method"] != cpu::METHOD {
                 continue;
             }
             let (Some(n), Some(t)) = (row["nodes"].as_u64(), row["last_done_seconds"].as_f64())
@@ -306,32 +340,65 @@ fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, String) {
                 egress = row["egress_vs_image"].as_f64();
             }
         }
-        return (times, egress, path);
+        return (times, egress, Some(v), path);
     }
     (
         RECORDED_REAL.to_vec(),
         Some(RECORDED_REAL_EGRESS),
+        None,
         "benches/RESULTS.md (2026-11)".to_string(),
     )
+}
+
+/// The node counts the CPU capacity is calibrated on (`TESSERA_BENCH_SIM_CALIBRATE`,
+/// default 5); the others are predicted.
+fn calibration_nodes() -> Vec<usize> {
+    std::env::var("TESSERA_BENCH_SIM_CALIBRATE")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|n| n.trim().parse().ok())
+                .collect::<Vec<usize>>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| vec![5])
 }
 
 fn main() {
     let small = env_flag("TESSERA_BENCH_SIM_SMALL");
     let started = std::time::Instant::now();
     println!("machine: {}", machine_summary());
-    let capacity = cpu::measure();
-    println!(
-        "testbed CPU: sha256 {:.0} MB/s, memcpy {:.0} MB/s, loopback TCP {:.0} MB/s per CPU-second, {} cores, {} copies per byte: {:.0} MB/s machine-wide",
-        capacity.sha256_bps / 1e6,
-        capacity.memcpy_bps / 1e6,
-        capacity.tcp_cpu_bps / 1e6,
-        capacity.cores,
-        cpu::COPIES,
-        capacity.bps / 1e6
-    );
+    let (real, real_egress, real_json, real_source) = real_figures();
+    let calibrate_on = calibration_nodes();
+    let calibrated = real_json
+        .as_ref()
+        .and_then(|v| cpu::calibrate(v, &calibrate_on));
+    let (capacity_bps, capacity_source) = match &calibrated {
+        Some(c) => {
+            println!(
+                "testbed CPU, calibrated on {real_source} at N = {:?}: {:.1} machine CPU-s for {:.0} MiB received = {:.2} CPU-s per GiB; {} cores: {:.0} MB/s machine-wide",
+                c.nodes,
+                c.cpu_seconds,
+                c.bytes / MIB as f64,
+                c.cpu_seconds / c.bytes * (1u64 << 30) as f64,
+                c.cores,
+                c.bps / 1e6
+            );
+            (c.bps, format!("{real_source}, N = {:?}", c.nodes))
+        }
+        None => {
+            println!(
+                "testbed CPU: the recorded calibration ({RECORDED_CAPACITY_SOURCE}): {:.0} MB/s machine-wide",
+                RECORDED_CAPACITY_BPS / 1e6
+            );
+            (RECORDED_CAPACITY_BPS, RECORDED_CAPACITY_SOURCE.to_string())
+        }
+    };
+    let calibration_used: Vec<usize> = calibrated
+        .as_ref()
+        .map_or_else(Vec::new, |c| c.nodes.clone());
 
     // 1. The testbed, against the real run.
-    let (real, real_egress, real_source) = real_figures();
     let mut testbed_nodes: Vec<usize> = vec![1, 20];
     for &(n, _) in &real {
         if !testbed_nodes.contains(&n) {
@@ -339,9 +406,12 @@ fn main() {
         }
     }
     testbed_nodes.sort_unstable();
+    if !only("testbed") {
+        testbed_nodes.clear();
+    }
     let testbed_runs: Vec<Measured> = testbed_nodes
         .iter()
-        .map(|&n| simulate(testbed(n, capacity.bps, small)))
+        .map(|&n| simulate(testbed(n, capacity_bps, small)))
         .collect();
     print_runs(
         "testbed: the real swarm benchmark's set-up",
@@ -351,6 +421,7 @@ fn main() {
         &format!("validation: model vs the real run ({real_source})"),
         &[
             "nodes",
+            "role",
             "model: last done",
             "real: last done",
             "error",
@@ -371,8 +442,14 @@ fn main() {
         } else {
             None
         };
+        let role = if calibration_used.contains(&m.setup.nodes) {
+            "calibration"
+        } else {
+            "prediction"
+        };
         v.row(vec![
             format!("{}", m.setup.nodes),
+            role.to_string(),
             secs(model_t),
             secs(real_t),
             format!("{:+.0}%", error * 100.0),
@@ -380,15 +457,20 @@ fn main() {
             real_e.map_or("–".to_string(), |e| format!("{e:.2}×")),
         ]);
         validation.push(json!({
-            "nodes": m.setup.nodes, "model_s": model_t, "real_s": real_t, "error": error,
+            "nodes": m.setup.nodes, "role": role, "model_s": model_t, "real_s": real_t, "error": error,
             "model_egress_vs_image": egress, "real_egress_vs_image": real_e,
         }));
     }
-    v.note("the issue's bar: within 25%");
+    v.note(format!(
+        "CPU capacity calibrated on {capacity_source}; the issue's bar: predictions within 25%"
+    ));
     v.print();
 
     // 2. The common set-up at each N.
-    let common_nodes = if small { vec![100] } else { nodes_list() };
+    let mut common_nodes = if small { vec![100] } else { nodes_list() };
+    if !only("common") {
+        common_nodes.clear();
+    }
     let common_runs: Vec<Measured> = common_nodes
         .iter()
         .map(|&n| simulate(common(n, small)))
@@ -399,7 +481,11 @@ fn main() {
     );
 
     // 3. Kraken's published set-up.
-    let kraken_run = simulate(kraken(if small { 100 } else { 2600 }, small));
+    let kraken_nodes = std::env::var("TESSERA_BENCH_SIM_KRAKEN_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if small { 100 } else { 2600 });
+    let kraken_run = simulate(kraken(kraken_nodes, small));
     print_runs(
         "kraken: 3 GB image in 2 layers, 300 MB/s hosts, 5 × 300 MB/s origin",
         &[&kraken_run],
@@ -446,9 +532,10 @@ fn main() {
             "small": small,
             "rows": rows,
             "cpu": {
-                "sha256_bps": capacity.sha256_bps, "memcpy_bps": capacity.memcpy_bps,
-                "tcp_cpu_bps": capacity.tcp_cpu_bps, "cores": capacity.cores,
-                "copies": cpu::COPIES, "bps": capacity.bps,
+                "bps": capacity_bps, "source": capacity_source,
+                "calibrated_on_nodes": calibration_used,
+                "cpu_seconds": calibrated.as_ref().map(|c| c.cpu_seconds),
+                "bytes": calibrated.as_ref().map(|c| c.bytes),
             },
             "validation": validation,
             "real_source": real_source,

@@ -1,117 +1,89 @@
-//! The testbed's CPU capacity, measured on this machine rather than fitted to the real
-//! run's answer.
+//! The testbed's CPU capacity, calibrated on one real swarm run and checked on others.
 //!
-//! On the real 20-namespace run every node is a process on the same 2 cores, so once
+//! On the real swarm benchmark every node is a process on the same 2 cores, so once
 //! the origin's copy is in, the swarm moves bytes as fast as the machine can process
-//! them. Per byte a node receives, the machine does, by the code path:
+//! them: the agents' receive, verify, store and serve; the readers' FUSE reads (kernel
+//! time in the reading processes); the registry; the scheduler. A microbenchmark of the
+//! data path (sha256, memcpy, loopback TCP: the first version of this model) counted
+//! about a third of that and put the 20-node run at half its real time.
 //!
-//! - one TCP transfer over a veth (the peer's or registry's send and the agent's
-//!   receive; measured as CPU time per byte of a loopback TCP stream, both ends),
-//! - one sha256 (the receiver verifies every chunk: `decode_and_verify`),
-//! - `COPIES` memory copies: the sender reading the chunk from its cache file, the
-//!   receiver's decode into its own buffer, its write into the cache file, and the
-//!   reader's FUSE read (agent → /dev/fuse, kernel → the reading process).
-//!
-//! Capacity = cores / (seconds of CPU per byte). Not counted (so the model is, if
-//! anything, optimistic): FUSE request round trips, tokio and gRPC overheads, the
-//! registry's own work, the scheduler.
+//! So the capacity is measured where it is spent: the swarm benchmark's per-run
+//! profile (benches/swarm.rs `Profile`: the machine's busy share over the run, each
+//! node's done time and bytes from peers and the origin) gives the machine's CPU
+//! seconds per byte the nodes received, at the node counts named for calibration
+//! (N = 5 by default: `TESSERA_BENCH_SIM_CALIBRATE`). Capacity = cores / (CPU seconds
+//! per byte), shared by every flow (`net.rs`). The other node counts of the same JSON
+//! are then predicted, not fitted.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Instant;
+use serde_json::Value;
 
-use sha2::{Digest, Sha256};
+/// The method whose runs calibrate and validate the model.
+pub const METHOD: &str = "tessera lazy read, P2P";
 
-/// Memory copies per byte received (see the module docs).
-pub const COPIES: f64 = 5.0;
-
-const BUFFER: usize = 64 << 20;
-
-/// What the measurement found.
-#[derive(Debug, Clone, Copy)]
+/// What the calibration found.
+#[derive(Debug, Clone)]
 pub struct Capacity {
-    pub sha256_bps: f64,
-    pub memcpy_bps: f64,
-    pub tcp_cpu_bps: f64,
+    /// The node counts calibrated on.
+    pub nodes: Vec<usize>,
+    /// Machine CPU seconds over those runs, and bytes the nodes received in them.
+    pub cpu_seconds: f64,
+    pub bytes: f64,
     pub cores: usize,
     /// Bytes per second the machine can receive, verify, store and read back.
     pub bps: f64,
 }
 
-pub fn measure() -> Capacity {
-    let mut rng = tessera_benches::Rng::new(7);
-    let mut data = vec![0u8; BUFFER];
-    rng.fill(&mut data);
-    let sha256_bps = best_of(3, || {
-        let t = Instant::now();
-        std::hint::black_box(Sha256::digest(&data));
-        BUFFER as f64 / t.elapsed().as_secs_f64()
-    });
-    let mut copy = vec![0u8; BUFFER];
-    let memcpy_bps = best_of(3, || {
-        let t = Instant::now();
-        copy.copy_from_slice(&data);
-        std::hint::black_box(&copy);
-        BUFFER as f64 / t.elapsed().as_secs_f64()
-    });
-    let tcp_cpu_bps = best_of(3, || tcp_cpu_rate(&data));
+/// Calibrates on the runs of `METHOD` at `nodes` in the swarm benchmark's JSON; `None`
+/// when it has no profiled run at any of them.
+pub fn calibrate(real: &Value, nodes: &[usize]) -> Option<Capacity> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let seconds_per_byte = 1.0 / sha256_bps + COPIES / memcpy_bps + 1.0 / tcp_cpu_bps;
-    Capacity {
-        sha256_bps,
-        memcpy_bps,
-        tcp_cpu_bps,
-        cores,
-        bps: cores as f64 / seconds_per_byte,
-    }
-}
-
-fn best_of(n: usize, mut f: impl FnMut() -> f64) -> f64 {
-    (0..n).map(|_| f()).fold(0.0, f64::max)
-}
-
-/// Bytes per CPU-second of a loopback TCP stream (sender and receiver together): the
-/// process's CPU time (/proc/self/stat) while `data` goes through a socket 4 times.
-fn tcp_cpu_rate(data: &[u8]) -> f64 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let rounds = 4;
-    let before = cpu_seconds();
-    let wall = Instant::now();
-    let sender = std::thread::scope(|s| {
-        let sender = s.spawn(|| {
-            let mut out = TcpStream::connect(addr).unwrap();
-            for _ in 0..rounds {
-                out.write_all(data).unwrap();
-            }
-        });
-        let (mut input, _) = listener.accept().unwrap();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut got = 0;
-        while got < rounds * data.len() {
-            let n = input.read(&mut buf).unwrap();
-            assert!(n > 0, "loopback stream ended early");
-            got += n;
+    let (mut cpu_seconds, mut bytes, mut used) = (0.0, 0.0, Vec::new());
+    for row in real["rows"].as_array()? {
+        if row["method"] != METHOD {
+            continue;
         }
-        sender.join().is_ok()
-    });
-    assert!(sender);
-    let cpu = match (before, cpu_seconds()) {
-        (Some(a), Some(b)) if b > a => b - a,
-        // No /proc: both ends busy for the whole transfer.
-        _ => 2.0 * wall.elapsed().as_secs_f64(),
-    };
-    (rounds * data.len()) as f64 / cpu
-}
-
-/// This process's user + system CPU seconds.
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command's closing parenthesis; utime and stime are the 14th
-    // and 15th fields of the line, in clock ticks (100 per second on Linux).
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+        let Some(n) = row["nodes"].as_u64().map(|n| n as usize) else {
+            continue;
+        };
+        if !nodes.contains(&n) {
+            continue;
+        }
+        for run in row["runs"].as_array().into_iter().flatten() {
+            let p = &run["profile"];
+            let (Some(busy), Some(done)) =
+                (p["machine_busy"].as_f64(), p["done_seconds"].as_array())
+            else {
+                continue;
+            };
+            let last = done.iter().filter_map(Value::as_f64).fold(0.0, f64::max);
+            let sum = |key: &str| -> f64 {
+                p[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_f64)
+                    .sum()
+            };
+            let received = sum("peer_bytes") + sum("origin_bytes");
+            if last <= 0.0 || received <= 0.0 {
+                continue;
+            }
+            cpu_seconds += busy * cores as f64 * last;
+            bytes += received;
+            if !used.contains(&n) {
+                used.push(n);
+            }
+        }
+    }
+    if bytes <= 0.0 {
+        return None;
+    }
+    used.sort_unstable();
+    Some(Capacity {
+        nodes: used,
+        cpu_seconds,
+        bytes,
+        cores,
+        bps: cores as f64 * bytes / cpu_seconds,
+    })
 }

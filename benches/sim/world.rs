@@ -1,28 +1,43 @@
 //! The discrete-event model: N agents fetching one image through the scheduler's real
 //! [`Swarm`], peers and an origin over [`Net`].
 //!
-//! Each agent behaves as the real agent's fetch path does for a read of every file
-//! (agent/src/fetch: `run.rs`, `peers.rs`, `origin.rs`, `readahead.rs`):
+//! Each agent behaves as the real agent's fetch path does (agent/src/fetch: `run.rs`,
+//! `peers.rs`, `origin.rs`, `readahead.rs`, `all.rs`), pulling the image one of two ways
+//! ([`Pull`]):
 //!
-//! - **Order.** Node k reads the image's files starting at the k-th, each file from
-//!   its first chunk on (the swarm benchmark's reader). While it reads a file,
-//!   read-ahead keeps the next chunks of the same file, up to `window` bytes, in flight.
-//! - **Runs of one chunk.** `fetch.merge_bytes` (256 KiB) is less than a chunk, so
-//!   every read or read-ahead miss leads a run of exactly one chunk; `PARALLEL_PEERS`
-//!   slices of a one-chunk run are one slice.
-//! - **Peers.** The run asks the scheduler (`find_peers`, one round trip) unless it
-//!   remembers holders of the whole blob named in the last `HOLDERS_FRESH` (5 s). It
-//!   asks the named peers in turn (the agent's `(n + turn) % usable` rotation over those
-//!   not yet abandoned); a peer serving `max_uploads` answers Busy. A round where every
-//!   peer was busy rests 0.1 s, doubling to 1 s, then asks again; a round from
-//!   remembered holders that got nothing forgets them and asks the scheduler.
-//! - **Wait** sleeps the scheduler's pause and asks again; **Origin** fetches the run
-//!   from the origin; waits and rests of one run together longer than `max_wait`
-//!   (`p2p.max_wait_secs`, 20 s) go to the origin without asking.
-//! - **After a chunk lands** it is announced (incremental, `full: false`, with the
-//!   blob's size) half a round trip later, and each transfer is reported (`report`).
-//!   Heartbeats every 10 s (a third of the 30 s lease) carry the host's uploads and
-//!   reset the scheduler's spreading counter.
+//! - **A reader of every file** (`Pull::Read`, the swarm benchmark's lazy read): node k
+//!   reads the image's files starting at the k-th, each from its first chunk on; while
+//!   it reads a file, read-ahead keeps the next chunks of the same file, up to `window`
+//!   bytes, in flight. `fetch.merge_bytes` (256 KiB) is less than a chunk, so every
+//!   miss leads a run of exactly one chunk.
+//! - **A whole-image pull** (`Pull::All`, `fetch_all`: a preheat job, or prefetch
+//!   `all`; what Kraken's agents do): every chunk in blob order, each missing chunk
+//!   leading a run of the contiguous missing chunks after it up to
+//!   `fetch.stream_bytes`, at most `concurrency` runs at once.
+//!
+//! A run (`Fetcher::lead` → `from_peers`, then `from_origin`):
+//!
+//! - **Peers.** It asks the scheduler (`find_peers`, one round trip) for the span of
+//!   its missing chunks, unless it remembers holders of the whole blob named in the
+//!   last `HOLDERS_FRESH` (5 s), which are asked starting from the next one each run.
+//!   A round over the named peers cuts the missing chunks into up to `PARALLEL_PEERS`
+//!   contiguous slices of about equal bytes, slice n to the n+turn-th usable peer;
+//!   each slice is one stream from its peer holding one of its upload slots, chunk
+//!   after chunk, skipping what the peer lacks (reported "not found"). A peer serving
+//!   `max_uploads` answers Busy and is not asked again this round; turns go on while
+//!   chunks are missing and peers are usable. Each slice's chunks are announced as the
+//!   slice ends. After a round: a remembered holder that did not give everything is
+//!   forgotten; a round that got something asks again; a round where every peer was
+//!   busy rests 0.1 s doubling to 1 s, and gives up for the origin once rests since the
+//!   run last made progress pass `max_wait` (20 s); otherwise two fruitless rounds send
+//!   it to the origin.
+//! - **Wait** sleeps the scheduler's pause and asks again (progress: the scheduler
+//!   vouches for a live origin fetch), up to `WAIT_PATIENCE` × `max_wait` in all;
+//!   **Origin** streams the missing chunks from the origin, asking the scheduler again
+//!   every `FLIGHT_KEEPALIVE` (3 s) while it does, and announces them at its end.
+//! - Transfers are reported (`report`) per slice and per origin request; heartbeats
+//!   every 10 s (a third of the 30 s lease) carry the host's uploads and reset the
+//!   scheduler's spreading counter.
 //!
 //! Not modelled: failures (dead, slow or lying peers, origin errors), verification
 //! and disk time outside the testbed's CPU capacity, chunks compressed on the wire,
@@ -47,8 +62,31 @@ const BUSY_PAUSE: f64 = 0.1;
 const BUSY_PAUSE_MAX: f64 = 1.0;
 /// The agent's `peers::FRUITLESS_ROUNDS`.
 const FRUITLESS_ROUNDS: u32 = 2;
+/// The agent's `peers::PARALLEL_PEERS`.
+const PARALLEL_PEERS: usize = 4;
+/// The agent's `peers::WAIT_PATIENCE`.
+const WAIT_PATIENCE: f64 = 15.0;
+/// The agent's `run::FLIGHT_KEEPALIVE`.
+const FLIGHT_KEEPALIVE: f64 = 3.0;
 /// A third of the scheduler's default 30 s lease, as `membership::keep_member` beats.
 const HEARTBEAT_EVERY: f64 = 10.0;
+/// A flow's tag: its run times this plus its slice; `ORIGIN_SLICE` for the origin's.
+const TAG_RUN: u32 = 8;
+const ORIGIN_SLICE: u32 = 7;
+
+/// How each node pulls the image (see the module docs).
+#[derive(Debug, Clone, Copy)]
+pub enum Pull {
+    /// A reader of every file; read-ahead keeps `window_bytes` of the file in flight
+    /// (`fetch.readahead_bytes`).
+    Read { window_bytes: u64 },
+    /// `fetch_all`: runs of up to `stream_bytes` (`fetch.stream_bytes`), `concurrency`
+    /// at once (`fetch.prefetch_concurrency`).
+    All {
+        stream_bytes: u64,
+        concurrency: usize,
+    },
+}
 
 /// One simulated set-up.
 #[derive(Debug, Clone)]
@@ -59,8 +97,7 @@ pub struct Setup {
     pub layers: Vec<u64>,
     pub file_bytes: u64,
     pub chunk_bytes: u64,
-    /// Read-ahead: bytes of the file being read kept in flight.
-    pub window_bytes: u64,
+    pub pull: Pull,
     pub host_up_bps: f64,
     pub host_down_bps: f64,
     /// Round trip between two hosts, and between a host and the scheduler.
@@ -102,10 +139,10 @@ pub struct Lookups {
     pub peers: u64,
     pub origin: u64,
     pub wait: u64,
-    /// Runs fetched from remembered whole-blob holders without asking.
+    /// Rounds over remembered whole-blob holders without asking.
     pub remembered: u64,
     pub busy: u64,
-    /// Runs that went to the origin after waiting `max_wait`.
+    /// Runs that went to the origin after resting or waiting too long.
     pub gave_up_waiting: u64,
 }
 
@@ -120,37 +157,61 @@ struct Agent {
     id: HostId,
     /// Chunks held, by global index.
     has: Vec<bool>,
-    /// Position (in this node's order) of the first chunk not yet landed, and of the
-    /// next to start.
+    /// Chunks in flight in this node's own runs.
+    inflight: Vec<bool>,
+    /// Read: position (in this node's order) of the first chunk not yet landed, and of
+    /// the next to start. All: `next` is the next chunk (blob order) to consider.
     read_at: usize,
     next: usize,
     /// Landed positions at or after `read_at` (in-order bookkeeping).
     landed_ahead: Vec<bool>,
     landed: usize,
     first_chunk: usize,
+    runs: usize,
     uploads: u32,
+    /// Per blob: remembered whole-blob holders (the next run's first first) and when.
     holders: Vec<Option<(Vec<u32>, f64)>>,
     done: Option<f64>,
 }
 
+/// One slice of a round: a stream from one peer.
+struct Slice {
+    peer: u32,
+    /// Indices into the run's chunks, in order, and how far the stream got.
+    items: Vec<usize>,
+    at: usize,
+    got: Vec<usize>,
+    missing: Vec<usize>,
+    request_at: f64,
+}
+
 struct Run {
+    /// Unique over the simulation (slots are reused): stale keep-alives are dropped.
+    id: u64,
     host: u32,
-    chunk: u32,
+    chunks: Vec<u32>,
+    got: Vec<bool>,
     started: f64,
+    /// When the run last made progress (a round got something, or a Wait).
+    progress: f64,
     rest: f64,
     fruitless: u32,
     named: Vec<u32>,
     whole: Vec<bool>,
-    abandoned: Vec<u32>,
-    turn: usize,
     remembered: bool,
-    only_busy: bool,
     /// The scheduler's answer on its way back.
     answer: Option<Answer>,
-    /// When the request that is answering was sent (for the transfer's report).
-    request_at: f64,
-    /// The peer streaming the chunk, once one does.
-    serving: Option<u32>,
+    // The round under way.
+    abandoned: Vec<u32>,
+    turn: usize,
+    round_pending: usize,
+    round_got: usize,
+    only_busy: bool,
+    asked: usize,
+    slices: Vec<Slice>,
+    open_slices: usize,
+    // The origin step under way: the chunks it streams and how far it got.
+    origin: Option<(Vec<usize>, usize, f64)>,
 }
 
 enum Answer {
@@ -163,11 +224,12 @@ enum Kind {
     Heartbeat(u32),
     Answer(u32),
     AskAgain(u32),
-    PeerArrive { run: u32, peer: u32 },
-    PeerRefused { run: u32, peer: u32, busy: bool },
+    SliceArrive { run: u32, slice: u32 },
+    SliceRefused { run: u32 },
     OriginArrive(u32),
+    KeepAlive { run: u32, id: u64 },
     FlowDone { flow: u32, version: u32 },
-    Announce { host: u32, chunk: u32 },
+    Announce { host: u32, chunks: Vec<u32> },
 }
 
 struct Event {
@@ -204,6 +266,7 @@ pub struct World {
     agents: Vec<Agent>,
     runs: Vec<Option<Run>>,
     free_runs: Vec<u32>,
+    run_ids: u64,
     queue: BinaryHeap<Event>,
     seq: u64,
     events: u64,
@@ -211,7 +274,7 @@ pub struct World {
     decide_ns: Vec<u32>,
     announce_ns: Vec<u32>,
     lookups: Lookups,
-    window: usize,
+    remaining: usize,
 }
 
 impl World {
@@ -265,14 +328,23 @@ impl World {
                 },
                 base,
             );
+            let first_chunk = match setup.pull {
+                Pull::Read { .. } => file_firsts[k % file_firsts.len()],
+                // Every node pulls in blob order, as `fetch_all` is handed the chunks.
+                // `fetch_all` in a swarm: from a random point of the list (blob
+                // order), wrapping around.
+                Pull::All { .. } => rng.below(chunks.len() as u64) as usize,
+            };
             agents.push(Agent {
                 id,
                 has: vec![false; chunks.len()],
+                inflight: vec![false; chunks.len()],
                 read_at: 0,
                 next: 0,
                 landed_ahead: vec![false; chunks.len()],
                 landed: 0,
-                first_chunk: file_firsts[k % file_firsts.len()],
+                first_chunk,
+                runs: 0,
                 uploads: 0,
                 holders: vec![None; setup.layers.len()],
                 done: None,
@@ -291,7 +363,7 @@ impl World {
             setup.origin_bps,
             setup.cpu_bps,
         );
-        let window = (setup.window_bytes / setup.chunk_bytes).max(1) as usize;
+        let remaining = setup.nodes;
         World {
             setup,
             base,
@@ -302,6 +374,7 @@ impl World {
             agents,
             runs: Vec::new(),
             free_runs: Vec::new(),
+            run_ids: 0,
             queue,
             seq,
             events: 0,
@@ -309,7 +382,7 @@ impl World {
             decide_ns: Vec::new(),
             announce_ns: Vec::new(),
             lookups: Lookups::default(),
-            window,
+            remaining,
         }
     }
 
@@ -338,9 +411,8 @@ impl World {
         for h in 0..self.agents.len() as u32 {
             self.start_runs(h, 0.0);
         }
-        let mut remaining = self.agents.len();
         while let Some(ev) = self.queue.pop() {
-            if ev.t > horizon || remaining == 0 {
+            if ev.t > horizon || self.remaining == 0 {
                 break;
             }
             self.events += 1;
@@ -353,57 +425,20 @@ impl World {
                 }
                 Kind::Answer(r) => self.on_answer(r, now),
                 Kind::AskAgain(r) => self.ask(r, now),
-                Kind::PeerArrive { run, peer } => self.on_peer_arrive(run, peer, now),
-                Kind::PeerRefused { run, peer, busy } => {
-                    let Some(state) = self.runs[run as usize].as_mut() else {
-                        continue;
-                    };
-                    state.abandoned.push(peer);
-                    if !busy {
-                        state.only_busy = false;
-                    }
-                    self.next_turn(run, now);
-                }
-                Kind::OriginArrive(r) => {
-                    let host = self.fetch(r).host;
-                    let bytes = self.chunk_len(self.fetch(r).chunk);
-                    self.net
-                        .start(From::Origin, host, bytes, r, now, &mut self.finishes);
-                    self.schedule_finishes();
-                }
+                Kind::SliceArrive { run, slice } => self.on_slice_arrive(run, slice, now),
+                Kind::SliceRefused { run } => self.slice_ended(run, now),
+                Kind::OriginArrive(r) => self.origin_next(r, now),
+                Kind::KeepAlive { run, id } => self.keep_alive(run, id, now),
                 Kind::FlowDone { flow, version } => {
                     if !self.net.is_current(flow, version) {
                         continue;
                     }
-                    let r = self.net.tag(flow);
+                    let tag = self.net.tag(flow);
                     self.net.finish(flow, now, &mut self.finishes);
                     self.schedule_finishes();
-                    if self.on_landed(r, now) {
-                        remaining -= 1;
-                    }
+                    self.on_flow_done(tag / TAG_RUN, tag % TAG_RUN, now);
                 }
-                Kind::Announce { host, chunk } => {
-                    let c = &self.chunks[chunk as usize];
-                    let blob = c.blob as usize;
-                    let announce = Announce {
-                        host: self.agents[host as usize].id.clone(),
-                        held: vec![BlobRanges {
-                            blob: self.blobs[blob].clone(),
-                            ranges: vec![ByteRange {
-                                start: c.start,
-                                end: c.end,
-                            }],
-                            size: Some(self.setup.layers[blob]),
-                        }],
-                        dropped: vec![],
-                        full: false,
-                        images: vec![],
-                    };
-                    let at = self.at(now);
-                    let t0 = Instant::now();
-                    let _ = self.swarm.announce(announce, at);
-                    self.announce_ns.push(t0.elapsed().as_nanos() as u32);
-                }
+                Kind::Announce { host, chunks } => self.announce(host, &chunks, now),
             }
         }
         let mut done: Vec<f64> = self
@@ -446,56 +481,141 @@ impl World {
         ((agent.first_chunk + pos) % self.chunks.len()) as u32
     }
 
-    /// Starts the runs read-ahead allows: positions within `window` of the read
-    /// position and in the file being read.
+    fn blob_of(&self, r: u32) -> usize {
+        self.chunks[self.fetch(r).chunks[0] as usize].blob as usize
+    }
+
+    /// Indices (into the run's chunks) still missing.
+    fn pending(&self, r: u32) -> Vec<usize> {
+        let run = self.fetch(r);
+        (0..run.chunks.len()).filter(|&i| !run.got[i]).collect()
+    }
+
+    /// The blob range spanned by these of the run's chunks.
+    fn span(&self, r: u32, items: &[usize]) -> ByteRange {
+        let run = self.fetch(r);
+        let (mut start, mut end) = (u64::MAX, 0);
+        for &i in items {
+            let c = &self.chunks[run.chunks[i] as usize];
+            start = start.min(c.start);
+            end = end.max(c.end);
+        }
+        ByteRange { start, end }
+    }
+
+    /// Starts the runs the pull allows now.
     fn start_runs(&mut self, h: u32, now: f64) {
-        loop {
-            let a = &self.agents[h as usize];
-            if a.next >= self.chunks.len() || a.next >= a.read_at + self.window {
-                return;
-            }
-            let reading = self.chunks[self.chunk_at(a, a.read_at) as usize].file;
-            let chunk = self.chunk_at(a, a.next);
-            if self.chunks[chunk as usize].file != reading {
-                return;
-            }
-            self.agents[h as usize].next += 1;
-            let run = Run {
-                host: h,
-                chunk,
-                started: now,
-                rest: BUSY_PAUSE,
-                fruitless: 0,
-                named: Vec::new(),
-                whole: Vec::new(),
-                abandoned: Vec::new(),
-                turn: 0,
-                remembered: false,
-                only_busy: true,
-                answer: None,
-                request_at: now,
-                serving: None,
-            };
-            let r = match self.free_runs.pop() {
-                Some(r) => {
-                    self.runs[r as usize] = Some(run);
-                    r
+        match self.setup.pull {
+            Pull::Read { window_bytes } => {
+                let window = (window_bytes / self.setup.chunk_bytes).max(1) as usize;
+                loop {
+                    let a = &self.agents[h as usize];
+                    if a.next >= self.chunks.len() || a.next >= a.read_at + window {
+                        return;
+                    }
+                    let reading = self.chunks[self.chunk_at(a, a.read_at) as usize].file;
+                    let chunk = self.chunk_at(a, a.next);
+                    if self.chunks[chunk as usize].file != reading {
+                        return;
+                    }
+                    self.agents[h as usize].next += 1;
+                    self.new_run(h, vec![chunk], now);
                 }
-                None => {
-                    self.runs.push(Some(run));
-                    (self.runs.len() - 1) as u32
+            }
+            Pull::All {
+                stream_bytes,
+                concurrency,
+            } => loop {
+                // `fetch_all`: a missing chunk leads a run of the contiguous missing
+                // chunks after it, of its blob, within `stream_bytes`
+                // (`plan_run_up_to`); at most `concurrency` runs at once.
+                let a = &self.agents[h as usize];
+                if a.runs >= concurrency.max(1) || a.next >= self.chunks.len() {
+                    return;
                 }
-            };
-            self.ask(r, now);
+                let first = self.chunk_at(a, a.next) as usize;
+                if a.has[first] || a.inflight[first] {
+                    self.agents[h as usize].next += 1;
+                    continue;
+                }
+                let c0 = &self.chunks[first];
+                let mut run = vec![first as u32];
+                let mut k = first + 1;
+                while k < self.chunks.len() {
+                    let c = &self.chunks[k];
+                    if c.blob != c0.blob
+                        || c.end - c0.start > stream_bytes
+                        || a.has[k]
+                        || a.inflight[k]
+                    {
+                        break;
+                    }
+                    run.push(k as u32);
+                    k += 1;
+                }
+                self.agents[h as usize].next += run.len();
+                self.new_run(h, run, now);
+            },
         }
     }
 
-    /// The top of the agent's peer loop: remembered holders, or the scheduler.
+    fn new_run(&mut self, h: u32, chunks: Vec<u32>, now: f64) {
+        let a = &mut self.agents[h as usize];
+        a.runs += 1;
+        for &c in &chunks {
+            a.inflight[c as usize] = true;
+        }
+        self.run_ids += 1;
+        let run = Run {
+            id: self.run_ids,
+            host: h,
+            got: vec![false; chunks.len()],
+            chunks,
+            started: now,
+            progress: now,
+            rest: BUSY_PAUSE,
+            fruitless: 0,
+            named: Vec::new(),
+            whole: Vec::new(),
+            remembered: false,
+            answer: None,
+            abandoned: Vec::new(),
+            turn: 0,
+            round_pending: 0,
+            round_got: 0,
+            only_busy: true,
+            asked: 0,
+            slices: Vec::new(),
+            open_slices: 0,
+            origin: None,
+        };
+        let r = match self.free_runs.pop() {
+            Some(r) => {
+                self.runs[r as usize] = Some(run);
+                r
+            }
+            None => {
+                self.runs.push(Some(run));
+                (self.runs.len() - 1) as u32
+            }
+        };
+        self.ask(r, now);
+    }
+
+    /// The top of `from_peers`' loop: done, remembered holders, or the scheduler.
     fn ask(&mut self, r: u32, now: f64) {
-        let (h, chunk) = (self.fetch(r).host, self.fetch(r).chunk);
-        let blob = self.chunks[chunk as usize].blob as usize;
-        let remembered = match &self.agents[h as usize].holders[blob] {
-            Some((named, at)) if now - at < HOLDERS_FRESH => Some(named.clone()),
+        let pending = self.pending(r);
+        if pending.is_empty() {
+            self.end_run(r, now);
+            return;
+        }
+        let (h, blob) = (self.fetch(r).host, self.blob_of(r));
+        let remembered = match &mut self.agents[h as usize].holders[blob] {
+            Some((named, at)) if now - *at < HOLDERS_FRESH => {
+                let these = named.clone();
+                named.rotate_left(1);
+                Some(these)
+            }
             _ => None,
         };
         if let Some(named) = remembered {
@@ -509,14 +629,10 @@ impl World {
             self.on_answer(r, now);
             return;
         }
-        let c = &self.chunks[chunk as usize];
         let find = FindPeers {
             host: self.agents[h as usize].id.clone(),
             blob: self.blobs[blob].clone(),
-            range: ByteRange {
-                start: c.start,
-                end: c.end,
-            },
+            range: self.span(r, &pending),
         };
         let at = self.at(now);
         let t0 = Instant::now();
@@ -545,12 +661,7 @@ impl World {
         let run = self.fetch_mut(r);
         run.remembered = false;
         run.answer = Some(answer);
-        run.request_at = now;
         self.push(now + rtt, Kind::Answer(r));
-    }
-
-    fn waited_too_long(&self, r: u32, pause: f64, now: f64) -> bool {
-        now - self.fetch(r).started + pause > self.setup.max_wait
     }
 
     fn on_answer(&mut self, r: u32, now: f64) {
@@ -560,41 +671,53 @@ impl World {
         match answer {
             Answer::Origin => self.fetch_from_origin(r, now),
             Answer::Wait(pause) => {
-                if self.waited_too_long(r, pause, now) {
+                let run = self.fetch(r);
+                if now - run.started + pause > self.setup.max_wait * WAIT_PATIENCE {
                     self.lookups.gave_up_waiting += 1;
                     self.fetch_from_origin(r, now);
                 } else {
+                    self.fetch_mut(r).progress = now + pause;
                     self.push(now + pause, Kind::AskAgain(r));
                 }
             }
             Answer::Peers => {
                 let run = self.fetch(r);
                 if !run.remembered {
-                    let (h, blob) = (run.host, self.chunks[run.chunk as usize].blob as usize);
-                    let whole: Vec<u32> = run
+                    let (h, blob) = (run.host, self.blob_of(r));
+                    let mut whole: Vec<u32> = run
                         .named
                         .iter()
                         .zip(&run.whole)
                         .filter(|(_, w)| **w)
                         .map(|(p, _)| *p)
                         .collect();
+                    // `remember_holders`: the next run starts after this one's first.
+                    if !whole.is_empty() {
+                        whole.rotate_left(1);
+                    }
                     self.agents[h as usize].holders[blob] = if whole.is_empty() {
                         None
                     } else {
                         Some((whole, now))
                     };
                 }
+                let pending = self.pending(r).len();
                 let run = self.fetch_mut(r);
                 run.abandoned.clear();
                 run.turn = 0;
+                run.round_pending = pending;
+                run.round_got = 0;
                 run.only_busy = true;
+                run.asked = 0;
                 self.next_turn(r, now);
             }
         }
     }
 
-    /// The next turn of a round over the named peers, or the round's end.
+    /// The next turn of a round (`from_these_peers`): slices to the usable peers, or
+    /// the round's end.
     fn next_turn(&mut self, r: u32, now: f64) {
+        let pending = self.pending(r);
         let run = self.fetch(r);
         let usable: Vec<u32> = run
             .named
@@ -602,44 +725,197 @@ impl World {
             .copied()
             .filter(|p| !run.abandoned.contains(p))
             .collect();
-        if run.turn < run.named.len() && !usable.is_empty() {
-            let peer = usable[run.turn % usable.len()];
-            self.fetch_mut(r).turn += 1;
+        if run.turn >= run.named.len() || pending.is_empty() || usable.is_empty() {
+            self.round_ended(r, now);
+            return;
+        }
+        let parts = usable.len().min(PARALLEL_PEERS).min(pending.len());
+        let turn = run.turn;
+        let cuts = self.slices(r, &pending, parts);
+        let request_at = now;
+        let slices: Vec<Slice> = cuts
+            .into_iter()
+            .enumerate()
+            .map(|(n, items)| Slice {
+                peer: usable[(n + turn) % usable.len()],
+                items,
+                at: 0,
+                got: Vec::new(),
+                missing: Vec::new(),
+                request_at,
+            })
+            .collect();
+        let n = slices.len();
+        let run = self.fetch_mut(r);
+        run.turn += 1;
+        run.asked += n;
+        run.open_slices = n;
+        run.slices = slices;
+        for s in 0..n as u32 {
             self.push(
                 now + self.setup.host_rtt / 2.0,
-                Kind::PeerArrive { run: r, peer },
+                Kind::SliceArrive { run: r, slice: s },
+            );
+        }
+    }
+
+    /// `peers::slices`: `pending` cut into `parts` contiguous slices of about equal
+    /// bytes.
+    fn slices(&self, r: u32, pending: &[usize], parts: usize) -> Vec<Vec<usize>> {
+        let run = self.fetch(r);
+        let len = |i: usize| self.chunk_len(run.chunks[i]);
+        let total: u64 = pending.iter().map(|&i| len(i)).sum();
+        let share = total.div_ceil(parts.max(1) as u64).max(1);
+        let mut out: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut bytes = 0u64;
+        for &i in pending {
+            let last = out.len() - 1;
+            if bytes >= share * (last as u64 + 1) && out.len() < parts {
+                out.push(Vec::new());
+            }
+            if let Some(slice) = out.last_mut() {
+                slice.push(i);
+            }
+            bytes += len(i);
+        }
+        out.retain(|s| !s.is_empty());
+        out
+    }
+
+    fn on_slice_arrive(&mut self, r: u32, s: u32, now: f64) {
+        let peer = self.fetch(r).slices[s as usize].peer;
+        if self.agents[peer as usize].uploads >= self.setup.max_uploads {
+            self.lookups.busy += 1;
+            let run = self.fetch_mut(r);
+            run.abandoned.push(peer);
+            self.push(
+                now + self.setup.host_rtt / 2.0,
+                Kind::SliceRefused { run: r },
             );
             return;
         }
-        // The round got nothing (a success lands the run instead).
-        let (h, blob, remembered, only_busy, asked) = {
+        self.agents[peer as usize].uploads += 1;
+        self.fetch_mut(r).only_busy = false;
+        self.stream_next(r, s, now);
+    }
+
+    /// The peer sends the slice's next chunk it holds, skipping those it lacks; at the
+    /// stream's end the slice is reported and announced.
+    fn stream_next(&mut self, r: u32, s: u32, now: f64) {
+        loop {
             let run = self.fetch(r);
+            let slice = &run.slices[s as usize];
+            let Some(&i) = slice.items.get(slice.at) else {
+                break;
+            };
+            let chunk = run.chunks[i];
+            let (peer, host) = (slice.peer, run.host);
+            if self.agents[peer as usize].has[chunk as usize] {
+                let bytes = self.chunk_len(chunk);
+                self.net.start(
+                    From::Host(peer),
+                    host,
+                    bytes,
+                    r * TAG_RUN + s,
+                    now,
+                    &mut self.finishes,
+                );
+                self.schedule_finishes();
+                return;
+            }
+            let slice = &mut self.fetch_mut(r).slices[s as usize];
+            slice.missing.push(i);
+            slice.at += 1;
+        }
+        // The stream ended: the upload slot is free, the transfer reported, the
+        // slice's chunks announced (a round trip's half later at the scheduler).
+        let (host, peer, got, missing, request_at, blob) = {
+            let run = self.fetch(r);
+            let slice = &run.slices[s as usize];
             (
                 run.host,
-                self.chunks[run.chunk as usize].blob as usize,
-                run.remembered,
-                run.only_busy,
-                run.turn > 0,
+                slice.peer,
+                slice.got.clone(),
+                slice.missing.clone(),
+                slice.request_at,
+                self.blob_of(r),
             )
         };
-        if remembered {
+        self.agents[peer as usize].uploads -= 1;
+        let mut transfers = Vec::new();
+        if !got.is_empty() {
+            let bytes = got
+                .iter()
+                .map(|&i| self.chunk_len(self.fetch(r).chunks[i]))
+                .sum();
+            transfers.push(Transfer {
+                peer: Some(self.agents[peer as usize].id.clone()),
+                blob: self.blobs[blob].clone(),
+                range: self.span(r, &got),
+                bytes,
+                duration_us: ((now - request_at) * 1e6).max(1.0) as u64,
+                outcome: Outcome::Ok,
+            });
+        }
+        for &i in &missing {
+            transfers.push(Transfer {
+                peer: Some(self.agents[peer as usize].id.clone()),
+                blob: self.blobs[blob].clone(),
+                range: self.span(r, &[i]),
+                bytes: 0,
+                duration_us: 1,
+                outcome: Outcome::NotFound,
+            });
+        }
+        let (me, at) = (self.agents[host as usize].id.clone(), self.at(now));
+        let _ = self.swarm.report(&me, &transfers, at);
+        if !got.is_empty() {
+            let chunks = got.iter().map(|&i| self.fetch(r).chunks[i]).collect();
+            self.push(
+                now + self.setup.host_rtt / 2.0,
+                Kind::Announce { host, chunks },
+            );
+        }
+        self.slice_ended(r, now);
+    }
+
+    fn slice_ended(&mut self, r: u32, now: f64) {
+        let run = self.fetch_mut(r);
+        run.open_slices -= 1;
+        if run.open_slices == 0 {
+            self.next_turn(r, now);
+        }
+    }
+
+    /// After a round: `from_peers`' rules (see the module docs).
+    fn round_ended(&mut self, r: u32, now: f64) {
+        let (h, blob) = (self.fetch(r).host, self.blob_of(r));
+        let run = self.fetch(r);
+        if run.remembered && run.round_got < run.round_pending {
             self.agents[h as usize].holders[blob] = None;
             self.ask(r, now);
             return;
         }
-        if only_busy && asked {
-            let rest = self.fetch(r).rest;
-            if self.waited_too_long(r, rest, now) {
+        let max_wait = self.setup.max_wait;
+        let run = self.fetch_mut(r);
+        let only_busy = run.only_busy && run.asked > 0 && run.round_got == 0;
+        if run.round_got > 0 {
+            run.progress = now;
+            run.rest = BUSY_PAUSE;
+            self.ask(r, now);
+            return;
+        }
+        if only_busy {
+            let rest = run.rest;
+            if now - run.progress + rest > max_wait {
                 self.lookups.gave_up_waiting += 1;
                 self.fetch_from_origin(r, now);
                 return;
             }
-            let run = self.fetch_mut(r);
             run.rest = (rest * 2.0).min(BUSY_PAUSE_MAX);
             self.push(now + rest, Kind::AskAgain(r));
             return;
         }
-        let run = self.fetch_mut(r);
         run.fruitless += 1;
         if run.fruitless >= FRUITLESS_ROUNDS {
             self.fetch_from_origin(r, now);
@@ -648,113 +924,165 @@ impl World {
         }
     }
 
-    fn on_peer_arrive(&mut self, r: u32, peer: u32, now: f64) {
-        let (h, chunk) = (self.fetch(r).host, self.fetch(r).chunk);
-        let p = &self.agents[peer as usize];
-        let back = now + self.setup.host_rtt / 2.0;
-        if p.uploads >= self.setup.max_uploads {
-            self.lookups.busy += 1;
-            self.push(
-                back,
-                Kind::PeerRefused {
-                    run: r,
-                    peer,
-                    busy: true,
-                },
-            );
-            return;
-        }
-        if !p.has[chunk as usize] {
-            // The scheduler named a holder of another part of the range: "not found".
-            let c = &self.chunks[chunk as usize];
-            let t = Transfer {
-                peer: Some(p.id.clone()),
-                blob: self.blobs[c.blob as usize].clone(),
-                range: ByteRange {
-                    start: c.start,
-                    end: c.end,
-                },
-                bytes: 0,
-                duration_us: 1,
-                outcome: Outcome::NotFound,
-            };
-            let (me, at) = (self.agents[h as usize].id.clone(), self.at(back));
-            let _ = self.swarm.report(&me, &[t], at);
-            self.push(
-                back,
-                Kind::PeerRefused {
-                    run: r,
-                    peer,
-                    busy: false,
-                },
-            );
-            return;
-        }
-        self.agents[peer as usize].uploads += 1;
-        let bytes = self.chunk_len(chunk);
-        self.net
-            .start(From::Host(peer), h, bytes, r, now, &mut self.finishes);
-        self.schedule_finishes();
-        let asked_at = now - self.setup.host_rtt / 2.0;
-        let run = self.fetch_mut(r);
-        run.serving = Some(peer);
-        run.request_at = asked_at;
-    }
-
+    /// The origin step: one request for the missing chunks, streamed in order.
     fn fetch_from_origin(&mut self, r: u32, now: f64) {
-        self.fetch_mut(r).request_at = now;
+        let pending = self.pending(r);
+        if pending.is_empty() {
+            self.end_run(r, now);
+            return;
+        }
+        let id = self.fetch(r).id;
+        self.fetch_mut(r).origin = Some((pending, 0, now));
         let delay = (self.setup.host_rtt + self.setup.origin_rtt) / 2.0;
         self.push(now + delay, Kind::OriginArrive(r));
+        self.push(now + FLIGHT_KEEPALIVE, Kind::KeepAlive { run: r, id });
     }
 
-    /// A run's chunk landed; whether its node is now done.
-    fn on_landed(&mut self, r: u32, now: f64) -> bool {
-        let Some(run) = self.runs[r as usize].take() else {
-            return false;
+    fn origin_next(&mut self, r: u32, now: f64) {
+        let run = self.fetch(r);
+        let Some((items, at, request_at)) = run.origin.as_ref() else {
+            return;
         };
-        self.free_runs.push(r);
-        let c = &self.chunks[run.chunk as usize];
-        let from_peer = run.serving;
-        if let Some(peer) = from_peer {
-            self.agents[peer as usize].uploads -= 1;
+        if let Some(&i) = items.get(*at) {
+            let (host, chunk) = (run.host, run.chunks[i]);
+            let bytes = self.chunk_len(chunk);
+            self.net.start(
+                From::Origin,
+                host,
+                bytes,
+                r * TAG_RUN + ORIGIN_SLICE,
+                now,
+                &mut self.finishes,
+            );
+            self.schedule_finishes();
+            return;
         }
+        // The request is over: reported, and what it brought announced.
+        let (items, request_at, host, blob) =
+            (items.clone(), *request_at, run.host, self.blob_of(r));
+        let bytes = items
+            .iter()
+            .map(|&i| self.chunk_len(self.fetch(r).chunks[i]))
+            .sum();
         let t = Transfer {
-            peer: from_peer.map(|p| self.agents[p as usize].id.clone()),
-            blob: self.blobs[c.blob as usize].clone(),
-            range: ByteRange {
-                start: c.start,
-                end: c.end,
-            },
-            bytes: c.end - c.start,
-            duration_us: ((now - run.request_at) * 1e6).max(1.0) as u64,
+            peer: None,
+            blob: self.blobs[blob].clone(),
+            range: self.span(r, &items),
+            bytes,
+            duration_us: ((now - request_at) * 1e6).max(1.0) as u64,
             outcome: Outcome::Ok,
         };
-        let at = self.at(now);
-        let me = self.agents[run.host as usize].id.clone();
+        let (me, at) = (self.agents[host as usize].id.clone(), self.at(now));
         let _ = self.swarm.report(&me, &[t], at);
+        let chunks = items.iter().map(|&i| self.fetch(r).chunks[i]).collect();
         self.push(
             now + self.setup.host_rtt / 2.0,
-            Kind::Announce {
-                host: run.host,
-                chunk: run.chunk,
-            },
+            Kind::Announce { host, chunks },
         );
+        self.end_run(r, now);
+    }
+
+    /// `run::FLIGHT_KEEPALIVE`: a run streaming from the origin asks again for what it
+    /// fetches (the answer is not used).
+    fn keep_alive(&mut self, r: u32, id: u64, now: f64) {
+        let Some(run) = self.runs[r as usize].as_ref() else {
+            return;
+        };
+        let Some((items, _, _)) = run.origin.as_ref() else {
+            return;
+        };
+        if run.id != id {
+            return;
+        }
+        let items = items.clone();
+        let find = FindPeers {
+            host: self.agents[run.host as usize].id.clone(),
+            blob: self.blobs[self.blob_of(r)].clone(),
+            range: self.span(r, &items),
+        };
+        let at = self.at(now);
+        let t0 = Instant::now();
+        let _ = self.swarm.find_peers(&find, at);
+        self.decide_ns.push(t0.elapsed().as_nanos() as u32);
+        self.push(now + FLIGHT_KEEPALIVE, Kind::KeepAlive { run: r, id });
+    }
+
+    fn on_flow_done(&mut self, r: u32, s: u32, now: f64) {
+        if s == ORIGIN_SLICE {
+            let Some((items, at, _)) = self.fetch_mut(r).origin.as_mut() else {
+                return;
+            };
+            let i = items[*at];
+            *at += 1;
+            self.land(r, i, now);
+            self.origin_next(r, now);
+            return;
+        }
+        let slice = &mut self.fetch_mut(r).slices[s as usize];
+        let i = slice.items[slice.at];
+        slice.at += 1;
+        slice.got.push(i);
+        self.fetch_mut(r).round_got += 1;
+        self.land(r, i, now);
+        self.stream_next(r, s, now);
+    }
+
+    /// The run's `i`-th chunk is here, verified and stored.
+    fn land(&mut self, r: u32, i: usize, now: f64) {
+        let run = self.fetch_mut(r);
+        run.got[i] = true;
+        let (h, chunk) = (run.host, run.chunks[i]);
         let total = self.chunks.len();
-        let first = self.agents[run.host as usize].first_chunk;
-        let a = &mut self.agents[run.host as usize];
-        a.has[run.chunk as usize] = true;
+        let a = &mut self.agents[h as usize];
+        a.has[chunk as usize] = true;
+        a.inflight[chunk as usize] = false;
         a.landed += 1;
-        let pos = (run.chunk as usize + total - first) % total;
+        let pos = (chunk as usize + total - a.first_chunk) % total;
         a.landed_ahead[pos] = true;
         while a.read_at < total && a.landed_ahead[a.read_at] {
             a.read_at += 1;
         }
         if a.landed == total {
             a.done = Some(now);
-            return true;
+            self.remaining -= 1;
         }
+    }
+
+    fn end_run(&mut self, r: u32, now: f64) {
+        let Some(run) = self.runs[r as usize].take() else {
+            return;
+        };
+        self.free_runs.push(r);
+        self.agents[run.host as usize].runs -= 1;
         self.start_runs(run.host, now);
-        false
+    }
+
+    fn announce(&mut self, host: u32, chunks: &[u32], now: f64) {
+        let blob = self.chunks[chunks[0] as usize].blob as usize;
+        let announce = Announce {
+            host: self.agents[host as usize].id.clone(),
+            held: vec![BlobRanges {
+                blob: self.blobs[blob].clone(),
+                ranges: chunks
+                    .iter()
+                    .map(|&c| {
+                        let c = &self.chunks[c as usize];
+                        ByteRange {
+                            start: c.start,
+                            end: c.end,
+                        }
+                    })
+                    .collect(),
+                size: Some(self.setup.layers[blob]),
+            }],
+            dropped: vec![],
+            full: false,
+            images: vec![],
+        };
+        let at = self.at(now);
+        let t0 = Instant::now();
+        let _ = self.swarm.announce(announce, at);
+        self.announce_ns.push(t0.elapsed().as_nanos() as u32);
     }
 }
 
