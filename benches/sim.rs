@@ -23,7 +23,11 @@
 //! Knobs: `TESSERA_BENCH_SIM_NODES` (common set-up's N, default `100,1000,5000`),
 //! `TESSERA_BENCH_SIM_CHUNK_MB` (the model's chunk for set-ups of 1,000 nodes and more,
 //! default 4: see benches/README.md), `TESSERA_BENCH_SIM_REAL=swarm.json` (the real
-//! swarm benchmark's JSON to validate against), `TESSERA_BENCH_SIM_ORIGIN_TIMEOUT_SECS`
+//! swarm benchmark's JSON to validate against; the testbed's CPU capacity is
+//! calibrated on its runs at `TESSERA_BENCH_SIM_CALIBRATE` nodes, default `1,5`, or
+//! on another run's JSON, `TESSERA_BENCH_SIM_CALIBRATION=swarm.json`: `sim/cpu.rs`),
+//! `TESSERA_BENCH_SIM_ONLY=testbed,common` (those set-ups and Kraken's),
+//! `TESSERA_BENCH_SIM_KRAKEN_NODES`, `TESSERA_BENCH_SIM_KRAKEN_CHUNK_MB` (default 1), `TESSERA_BENCH_SIM_ORIGIN_TIMEOUT_SECS`
 //! (a what-if: the scheduler's `origin_timeout` instead of its default 10 s), `TESSERA_BENCH_SIM_SMALL=1` (the smoke
 //! size: small images, N = 100, a few seconds).
 
@@ -58,8 +62,9 @@ const PREFETCH_CONCURRENCY: usize = 8;
 
 /// The testbed's CPU capacity when no real run's JSON is given: the calibration
 /// recorded in benches/README.md ("Simulation").
-const RECORDED_CAPACITY_BPS: f64 = 300e6;
-const RECORDED_CAPACITY_SOURCE: &str = "placeholder";
+const RECORDED_CAPACITY_BPS: f64 = 281e6;
+const RECORDED_CAPACITY_SOURCE: &str =
+    "a real P2P swarm run of 2026-11-27 at N = 1 and 20: 0.09 cores + 7.31 CPU-s per GiB received";
 
 /// Simulated seconds after which a run is cut off (a model that never completes).
 const HORIZON: f64 = 3600.0;
@@ -321,7 +326,10 @@ fn print_runs(title: &str, runs: &[&Measured]) {
 /// The real run: its figures (nodes, last node done), the egress at 20 nodes, the
 /// JSON itself when `TESSERA_BENCH_SIM_REAL` names one (else the recorded figures), and
 /// where they came from.
-fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, Option<Value>, String) {
+/// Nodes and the last node's done time, per run of the real benchmark.
+type Times = Vec<(usize, f64)>;
+
+fn real_figures() -> (Times, Option<f64>, Option<Value>, String) {
     if let Ok(path) = std::env::var("TESSERA_BENCH_SIM_REAL") {
         let text = std::fs::read_to_string(&path).unwrap();
         let v: Value = serde_json::from_str(&text).unwrap();
@@ -351,7 +359,7 @@ fn real_figures() -> (Vec<(usize, f64)>, Option<f64>, Option<Value>, String) {
 }
 
 /// The node counts the CPU capacity is calibrated on (`TESSERA_BENCH_SIM_CALIBRATE`,
-/// default 5); the others are predicted.
+/// default 1 and 5); the others are predicted.
 fn calibration_nodes() -> Vec<usize> {
     std::env::var("TESSERA_BENCH_SIM_CALIBRATE")
         .ok()
@@ -361,7 +369,7 @@ fn calibration_nodes() -> Vec<usize> {
                 .collect::<Vec<usize>>()
         })
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| vec![5])
+        .unwrap_or_else(|| vec![1, 5])
 }
 
 fn main() {
@@ -370,21 +378,36 @@ fn main() {
     println!("machine: {}", machine_summary());
     let (real, real_egress, real_json, real_source) = real_figures();
     let calibrate_on = calibration_nodes();
-    let calibrated = real_json
+    // `TESSERA_BENCH_SIM_CALIBRATION`: another run's JSON to calibrate on (default:
+    // the validated JSON's runs at the calibration node counts).
+    let (calibration_json, calibration_source) =
+        match std::env::var("TESSERA_BENCH_SIM_CALIBRATION") {
+            Ok(path) => (
+                Some(
+                    serde_json::from_str::<Value>(&std::fs::read_to_string(&path).unwrap())
+                        .unwrap(),
+                ),
+                path,
+            ),
+            Err(_) => (real_json.clone(), real_source.clone()),
+        };
+    let calibrated = calibration_json
         .as_ref()
         .and_then(|v| cpu::calibrate(v, &calibrate_on));
+    let same_runs = calibration_source == real_source;
     let (capacity_bps, capacity_source) = match &calibrated {
         Some(c) => {
             println!(
-                "testbed CPU, calibrated on {real_source} at N = {:?}: {:.1} machine CPU-s for {:.0} MiB received = {:.2} CPU-s per GiB; {} cores: {:.0} MB/s machine-wide",
+                "testbed CPU, calibrated on {calibration_source} at N = {:?}: {:.1} machine CPU-s for {:.0} MiB received; fit: {:.2} cores busy whatever moves + {:.2} CPU-s per GiB received; {} cores: {:.0} MB/s machine-wide",
                 c.nodes,
                 c.cpu_seconds,
                 c.bytes / MIB as f64,
-                c.cpu_seconds / c.bytes * (1u64 << 30) as f64,
+                c.baseline,
+                c.per_byte * (1u64 << 30) as f64,
                 c.cores,
                 c.bps / 1e6
             );
-            (c.bps, format!("{real_source}, N = {:?}", c.nodes))
+            (c.bps, format!("{calibration_source}, N = {:?}", c.nodes))
         }
         None => {
             println!(
@@ -394,8 +417,10 @@ fn main() {
             (RECORDED_CAPACITY_BPS, RECORDED_CAPACITY_SOURCE.to_string())
         }
     };
+    // Rows of the validated JSON that were calibrated on (none when another JSON was).
     let calibration_used: Vec<usize> = calibrated
         .as_ref()
+        .filter(|_| same_runs)
         .map_or_else(Vec::new, |c| c.nodes.clone());
 
     // 1. The testbed, against the real run.
@@ -535,6 +560,8 @@ fn main() {
                 "bps": capacity_bps, "source": capacity_source,
                 "calibrated_on_nodes": calibration_used,
                 "cpu_seconds": calibrated.as_ref().map(|c| c.cpu_seconds),
+                "baseline_cores": calibrated.as_ref().map(|c| c.baseline),
+                "cpu_seconds_per_byte": calibrated.as_ref().map(|c| c.per_byte),
                 "bytes": calibrated.as_ref().map(|c| c.bytes),
             },
             "validation": validation,

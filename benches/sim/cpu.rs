@@ -10,10 +10,18 @@
 //! So the capacity is measured where it is spent: the swarm benchmark's per-run
 //! profile (benches/swarm.rs `Profile`: the machine's busy share over the run, each
 //! node's done time and bytes from peers and the origin) gives the machine's CPU
-//! seconds per byte the nodes received, at the node counts named for calibration
-//! (N = 5 by default: `TESSERA_BENCH_SIM_CALIBRATE`). Capacity = cores / (CPU seconds
-//! per byte), shared by every flow (`net.rs`). The other node counts of the same JSON
-//! are then predicted, not fitted.
+//! seconds over each run at the node counts named for calibration (N = 1 and 5 by
+//! default: `TESSERA_BENCH_SIM_CALIBRATE`), fitted (least squares) as
+//!
+//!   machine CPU-seconds = baseline × run seconds + per_byte × bytes received,
+//!
+//! the baseline being what the machine spends whatever moves (the scheduler, the
+//! registry, the harness, idle agents: a share of a core), `per_byte` everything the
+//! swarm does per byte a node receives — the receiver's verify and store, the
+//! sender's read and send (a byte received from a peer is a byte served), the
+//! reader's FUSE read. With runs at one node count only the baseline is taken as 0.
+//! Capacity = (cores − baseline) / per_byte, shared by every flow (`net.rs`). The
+//! other node counts of the same JSON are then predicted, not fitted.
 
 use serde_json::Value;
 
@@ -28,6 +36,9 @@ pub struct Capacity {
     /// Machine CPU seconds over those runs, and bytes the nodes received in them.
     pub cpu_seconds: f64,
     pub bytes: f64,
+    /// The fit: cores busy whatever moves, and CPU seconds per byte received.
+    pub baseline: f64,
+    pub per_byte: f64,
     pub cores: usize,
     /// Bytes per second the machine can receive, verify, store and read back.
     pub bps: f64,
@@ -38,6 +49,8 @@ pub struct Capacity {
 pub fn calibrate(real: &Value, nodes: &[usize]) -> Option<Capacity> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut cpu_seconds, mut bytes, mut used) = (0.0, 0.0, Vec::new());
+    // Each run: (seconds, bytes received, machine CPU seconds).
+    let mut runs: Vec<(f64, f64, f64)> = Vec::new();
     for row in real["rows"].as_array()? {
         if row["method"] != METHOD {
             continue;
@@ -70,6 +83,7 @@ pub fn calibrate(real: &Value, nodes: &[usize]) -> Option<Capacity> {
             }
             cpu_seconds += busy * cores as f64 * last;
             bytes += received;
+            runs.push((last, received, busy * cores as f64 * last));
             if !used.contains(&n) {
                 used.push(n);
             }
@@ -79,11 +93,37 @@ pub fn calibrate(real: &Value, nodes: &[usize]) -> Option<Capacity> {
         return None;
     }
     used.sort_unstable();
+    let (baseline, per_byte) = if used.len() > 1 {
+        fit(&runs)
+    } else {
+        (0.0, cpu_seconds / bytes)
+    };
     Some(Capacity {
         nodes: used,
         cpu_seconds,
         bytes,
+        baseline,
+        per_byte,
         cores,
-        bps: cores as f64 * bytes / cpu_seconds,
+        bps: (cores as f64 - baseline).max(0.1) / per_byte,
     })
+}
+
+/// Least squares of cpu = baseline × seconds + per_byte × bytes over the runs; a
+/// negative baseline (noise) is taken as 0.
+fn fit(runs: &[(f64, f64, f64)]) -> (f64, f64) {
+    let (mut ss, mut sb, mut bb, mut sc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(s, b, c) in runs {
+        ss += s * s;
+        sb += s * b;
+        bb += b * b;
+        sc += s * c;
+        bc += b * c;
+    }
+    let det = ss * bb - sb * sb;
+    let baseline = (sc * bb - bc * sb) / det;
+    if det.abs() < f64::EPSILON || baseline < 0.0 {
+        return (0.0, bc / bb);
+    }
+    (baseline, (ss * bc - sb * sc) / det)
 }
