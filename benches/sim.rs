@@ -271,7 +271,7 @@ fn row_json(m: &Measured) -> Value {
         "announce_p99_ns": m.announce[1].max(1),
         "lookups": {"peers": l.peers, "wait": l.wait, "origin": l.origin,
                     "remembered": l.remembered, "busy": l.busy,
-                    "gave_up_waiting": l.gave_up_waiting},
+                    "gave_up_waiting": l.gave_up_waiting, "fruitless": l.fruitless},
         "events": m.out.events,
         "wall_s": m.out.wall.as_secs_f64().max(1e-6),
     })
@@ -292,6 +292,7 @@ fn print_runs(title: &str, runs: &[&Measured]) {
             "announce p50/p99",
             "peers/wait/origin answers",
             "busy",
+            "gave up / fruitless",
             "events",
             "wall",
         ],
@@ -316,6 +317,7 @@ fn print_runs(title: &str, runs: &[&Measured]) {
             format!("{} / {}", ns(m.announce[0]), ns(m.announce[1])),
             format!("{} / {} / {}", l.peers, l.wait, l.origin),
             format!("{}", l.busy),
+            format!("{} / {}", l.gave_up_waiting, l.fruitless),
             format!("{}", m.out.events),
             format!("{:.1} s", m.out.wall.as_secs_f64()),
         ]);

@@ -17,10 +17,10 @@
 //!
 //! A run (`Fetcher::lead` → `from_peers`, then `from_origin`):
 //!
-//! - **Peers.** It asks the scheduler (`find_peers`, one round trip) for the span of
-//!   its missing chunks, unless it remembers holders of the whole blob named in the
+//! - **Peers.** It asks the scheduler (`find_peers`, one round trip) for the first
+//!   stretch of its consecutive missing chunks, unless it remembers holders of the whole blob named in the
 //!   last `HOLDERS_FRESH` (5 s), which are asked starting from the next one each run.
-//!   A round over the named peers cuts the missing chunks into up to `PARALLEL_PEERS`
+//!   A round over the named peers cuts that stretch into up to `PARALLEL_PEERS`
 //!   contiguous slices of about equal bytes, slice n to the n+turn-th usable peer;
 //!   each slice is one stream from its peer holding one of its upload slots, chunk
 //!   after chunk, skipping what the peer lacks (reported "not found"). A peer serving
@@ -144,6 +144,9 @@ pub struct Lookups {
     pub busy: u64,
     /// Runs that went to the origin after resting or waiting too long.
     pub gave_up_waiting: u64,
+    /// Runs that went to the origin after `FRUITLESS_ROUNDS` rounds from peers that
+    /// had none of what they were asked for.
+    pub fruitless: u64,
 }
 
 struct Chunk {
@@ -204,6 +207,8 @@ struct Run {
     // The round under way.
     abandoned: Vec<u32>,
     turn: usize,
+    /// The stretch of missing chunks the round fetches, and how many it had.
+    round_items: Vec<usize>,
     round_pending: usize,
     round_got: usize,
     only_busy: bool,
@@ -491,6 +496,18 @@ impl World {
         (0..run.chunks.len()).filter(|&i| !run.got[i]).collect()
     }
 
+    /// The first stretch of consecutive missing chunks: what `from_peers` asks for
+    /// and fetches from peers at a time.
+    fn stretch(&self, r: u32) -> Vec<usize> {
+        let missing = self.pending(r);
+        missing
+            .iter()
+            .enumerate()
+            .take_while(|&(k, &i)| i == missing[0] + k)
+            .map(|(_, &i)| i)
+            .collect()
+    }
+
     /// The blob range spanned by these of the run's chunks.
     fn span(&self, r: u32, items: &[usize]) -> ByteRange {
         let run = self.fetch(r);
@@ -581,6 +598,7 @@ impl World {
             answer: None,
             abandoned: Vec::new(),
             turn: 0,
+            round_items: Vec::new(),
             round_pending: 0,
             round_got: 0,
             only_busy: true,
@@ -604,7 +622,7 @@ impl World {
 
     /// The top of `from_peers`' loop: done, remembered holders, or the scheduler.
     fn ask(&mut self, r: u32, now: f64) {
-        let pending = self.pending(r);
+        let pending = self.stretch(r);
         if pending.is_empty() {
             self.end_run(r, now);
             return;
@@ -701,11 +719,12 @@ impl World {
                         Some((whole, now))
                     };
                 }
-                let pending = self.pending(r).len();
+                let stretch = self.stretch(r);
                 let run = self.fetch_mut(r);
                 run.abandoned.clear();
                 run.turn = 0;
-                run.round_pending = pending;
+                run.round_pending = stretch.len();
+                run.round_items = stretch;
                 run.round_got = 0;
                 run.only_busy = true;
                 run.asked = 0;
@@ -717,7 +736,15 @@ impl World {
     /// The next turn of a round (`from_these_peers`): slices to the usable peers, or
     /// the round's end.
     fn next_turn(&mut self, r: u32, now: f64) {
-        let pending = self.pending(r);
+        // The round's stretch, what of it is still missing.
+        let pending: Vec<usize> = {
+            let run = self.fetch(r);
+            run.round_items
+                .iter()
+                .copied()
+                .filter(|&i| !run.got[i])
+                .collect()
+        };
         let run = self.fetch(r);
         let usable: Vec<u32> = run
             .named
@@ -918,6 +945,7 @@ impl World {
         }
         run.fruitless += 1;
         if run.fruitless >= FRUITLESS_ROUNDS {
+            self.lookups.fruitless += 1;
             self.fetch_from_origin(r, now);
         } else {
             self.ask(r, now);

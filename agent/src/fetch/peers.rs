@@ -132,10 +132,21 @@ impl Fetcher {
         let rested_too_long =
             |progress: Instant, pause: Duration| progress.elapsed() + pause > peers.max_wait();
         loop {
-            let pending: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
-            if pending.is_empty() {
+            let missing: Vec<usize> = (0..run.len()).filter(|&i| outcomes[i].is_none()).collect();
+            if missing.is_empty() {
                 return;
             }
+            // One stretch of consecutive missing units at a time: asked for the span of
+            // units with holes in it (what a round got), the scheduler may name holders
+            // of the hole only, who have none of what is missing, and after two such
+            // rounds the run goes to the origin without a flight of its own (the swarm
+            // simulation, Kraken's set-up: 63 runs at 1,000 nodes, 1.06x the image).
+            let pending: Vec<usize> = missing
+                .iter()
+                .enumerate()
+                .take_while(|&(k, &i)| i == missing[0] + k)
+                .map(|(_, &i)| i)
+                .collect();
             let range = span(pending.iter().map(|&i| &run[i].unit));
             let known = self.known_holders(&blob).filter(|_| peers.member());
             let remembered = known.is_some();

@@ -140,6 +140,8 @@ struct FakePeers {
     answers: Mutex<VecDeque<PeerChoice>>,
     behaviour: Mutex<HashMap<HostId, Behaviour>>,
     finds: AtomicUsize,
+    /// The range of each `find`.
+    found: Mutex<Vec<(u64, u64)>>,
     opened: Mutex<Vec<HostId>>,
     reports: Mutex<Vec<(Option<HostId>, pb::Outcome, u64)>>,
     held: Mutex<Vec<(u64, u64)>>,
@@ -169,6 +171,7 @@ impl FakePeers {
             answers: Mutex::new(answers.into()),
             behaviour: Mutex::new(peers.iter().map(|&(n, b)| (peer(n).id, b)).collect()),
             finds: AtomicUsize::new(0),
+            found: Mutex::default(),
             opened: Mutex::default(),
             reports: Mutex::default(),
             held: Mutex::default(),
@@ -206,9 +209,10 @@ impl PeerStream for FakeStream {
 }
 
 impl Peers for FakePeers {
-    fn find<'a>(&'a self, _blob: &'a str, _range: (u64, u64)) -> BoxFuture<'a, Option<PeerChoice>> {
+    fn find<'a>(&'a self, _blob: &'a str, range: (u64, u64)) -> BoxFuture<'a, Option<PeerChoice>> {
         Box::pin(async move {
             self.finds.fetch_add(1, Ordering::SeqCst);
+            self.found.lock().unwrap().push(range);
             let mut answers = self.answers.lock().unwrap();
             if answers.len() > 1 {
                 answers.pop_front()
@@ -761,6 +765,34 @@ async fn a_remembered_holder_that_fails_sends_the_next_run_to_the_scheduler() {
     // Peer 2 is not a whole holder: not remembered.
     assert_eq!(data(bed.get(6).await), unit_bytes(6));
     assert_eq!(peers.finds.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_with_holes_asks_for_one_stretch_of_missing_units_at_a_time() {
+    // Peers 1 and 2 give units 1 and 2 of the run 0..4: units 0 and 3 are asked for
+    // one at a time, not as the span 0..4 whose holders hold only what the run has.
+    let peers = swarm(
+        vec![
+            PeerChoice::Peers(vec![peer(1), peer(2)]),
+            PeerChoice::Peers(vec![peer(3)]),
+        ],
+        &[
+            (1, Behaviour::ServesOnly(1)),
+            (2, Behaviour::ServesOnly(2)),
+            (3, Behaviour::Serves),
+        ],
+    );
+    let bed = Bed::new(8, 4, FakeOrigin::new(8), Some(peers.clone()));
+    assert_eq!(data(bed.get(0).await), unit_bytes(0));
+    bed.settle().await;
+    assert_eq!(
+        *peers.found.lock().unwrap(),
+        [(0, 4000), (0, 1000), (3000, 4000)]
+    );
+    assert!(bed.origin.ranges().is_empty());
+    for i in 0..4 {
+        assert!(bed.store.contains(&key_of(i)), "unit {i}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
