@@ -5,15 +5,17 @@
 //!
 //! Set-ups, each printed as a table:
 //!
-//! 1. **testbed**: the real swarm benchmark's (benches/swarm.rs) at N = 1 and 20: an
-//!    80 MiB image in 4 layers of 8 MiB files, the origin at 200 Mbit/s, peers over
-//!    unthrottled veths on one machine, whose CPU (measured here, `sim/cpu.rs`) is what
-//!    limits them; printed next to the real run's figures with the relative error.
+//! 1. **testbed**: the real swarm benchmark's (benches/swarm.rs) at N = 1 and 20 (and
+//!    every N of the real run's JSON): an 80 MiB image in 4 layers of 8 MiB files read
+//!    by every node, the origin at 200 Mbit/s, peers over unthrottled veths on one
+//!    machine, whose CPU (calibrated on a real run, `sim/cpu.rs`) is what limits them;
+//!    printed next to the real run's figures with the relative error.
 //! 2. **common**: N = 100, 1,000, 5,000 (`TESSERA_BENCH_SIM_NODES`): a 1 GiB image in 4
 //!    layers, 1 Gbit/s hosts, the origin at the mission's 200 Mbit/s.
 //! 3. **kraken**: Kraken's published benchmark (uber/kraken README, "Benchmark"): 2,600
 //!    hosts, a 3 GB image in 2 layers, 300 MB/s per host up and down, 5 origins
-//!    (modelled as one origin of 5 × 300 MB/s); side by side with its p50/p99/p99.9.
+//!    (modelled as one origin of 5 × 300 MB/s), every node pulling the whole image
+//!    with `fetch_all` as a preheat does; side by side with its p50/p99/p99.9.
 //!
 //! For each: completion p50/p99/p99.9 and the last node, origin egress (and its multiple
 //! of the image), the wall time of the real `find_peers` and `announce` calls in this
@@ -328,8 +330,20 @@ fn print_runs(title: &str, runs: &[&Measured]) {
 /// The real run: its figures (nodes, last node done), the egress at 20 nodes, the
 /// JSON itself when `TESSERA_BENCH_SIM_REAL` names one (else the recorded figures), and
 /// where they came from.
-/// Nodes and the last node's done time, per run of the real benchmark.
+/// Nodes and the last node's done time (the median repetition), per row of the real
+/// benchmark.
 type Times = Vec<(usize, f64)>;
+
+/// Each repetition's last node done, at `nodes`, in the real benchmark's JSON.
+fn repetitions(real: Option<&Value>, nodes: usize) -> Vec<f64> {
+    real.and_then(|v| v["rows"].as_array())
+        .into_iter()
+        .flatten()
+        .filter(|row| row["method"] == cpu::METHOD && row["nodes"].as_u64() == Some(nodes as u64))
+        .flat_map(|row| row["runs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|run| run["last_done_seconds"].as_f64())
+        .collect()
+}
 
 fn real_figures() -> (Times, Option<f64>, Option<Value>, String) {
     if let Ok(path) = std::env::var("TESSERA_BENCH_SIM_REAL") {
@@ -452,6 +466,7 @@ fn main() {
             "model: last done",
             "real: last done",
             "error",
+            "real repetitions",
             "model egress",
             "real egress",
         ],
@@ -463,6 +478,7 @@ fn main() {
         };
         let model_t = pct(&m.out.done, 100.0);
         let error = (model_t - real_t) / real_t;
+        let reps = repetitions(real_json.as_ref(), m.setup.nodes);
         let egress = m.out.origin_bytes as f64 / m.setup.image_bytes() as f64;
         let real_e = if m.setup.nodes == 20 {
             real_egress
@@ -480,11 +496,16 @@ fn main() {
             secs(model_t),
             secs(real_t),
             format!("{:+.0}%", error * 100.0),
+            reps.iter()
+                .map(|&t| format!("{t:.2} s ({:+.0}%)", (model_t - t) / t * 100.0))
+                .collect::<Vec<_>>()
+                .join(", "),
             format!("{egress:.2}×"),
             real_e.map_or("–".to_string(), |e| format!("{e:.2}×")),
         ]);
         validation.push(json!({
             "nodes": m.setup.nodes, "role": role, "model_s": model_t, "real_s": real_t, "error": error,
+            "real_repetitions_s": reps,
             "model_egress_vs_image": egress, "real_egress_vs_image": real_e,
         }));
     }

@@ -110,7 +110,7 @@ pub fn calibrate(real: &Value, nodes: &[usize]) -> Option<Capacity> {
 }
 
 /// Least squares of cpu = baseline × seconds + per_byte × bytes over the runs; a
-/// negative baseline (noise) is taken as 0.
+/// negative term (noise) leaves it all per byte.
 fn fit(runs: &[(f64, f64, f64)]) -> (f64, f64) {
     let (mut ss, mut sb, mut bb, mut sc, mut bc) = (0.0, 0.0, 0.0, 0.0, 0.0);
     for &(s, b, c) in runs {
@@ -122,8 +122,10 @@ fn fit(runs: &[(f64, f64, f64)]) -> (f64, f64) {
     }
     let det = ss * bb - sb * sb;
     let baseline = (sc * bb - bc * sb) / det;
-    if det.abs() < f64::EPSILON || baseline < 0.0 {
+    let per_byte = (ss * bc - sb * sc) / det;
+    if det.abs() < f64::EPSILON || baseline < 0.0 || per_byte <= 0.0 {
+        // Noise the two terms cannot tell apart: all of it per byte.
         return (0.0, bc / bb);
     }
-    (baseline, (ss * bc - sb * sc) / det)
+    (baseline, per_byte)
 }
