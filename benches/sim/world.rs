@@ -34,7 +34,8 @@
 //! - **Wait** sleeps the scheduler's pause and asks again (progress: the scheduler
 //!   vouches for a live origin fetch), up to `WAIT_PATIENCE` × `max_wait` in all;
 //!   **Origin** streams the missing chunks from the origin, asking the scheduler again
-//!   every `FLIGHT_KEEPALIVE` (3 s) while it does, and announces them at its end.
+//!   every `FLIGHT_KEEPALIVE` (3 s) while it does, and announces each as it lands (the
+//!   scheduler then keeps the rest of the flight in flight).
 //! - Transfers are reported (`report`) per slice and per origin request; heartbeats
 //!   every 10 s (a third of the 30 s lease) carry the host's uploads and reset the
 //!   scheduler's spreading counter.
@@ -985,7 +986,7 @@ impl World {
             self.schedule_finishes();
             return;
         }
-        // The request is over: reported, and what it brought announced.
+        // The request is over: reported (each chunk was announced as it landed).
         let (items, request_at, host, blob) =
             (items.clone(), *request_at, run.host, self.blob_of(r));
         let bytes = items
@@ -1002,11 +1003,6 @@ impl World {
         };
         let (me, at) = (self.agents[host as usize].id.clone(), self.at(now));
         let _ = self.swarm.report(&me, &[t], at);
-        let chunks = items.iter().map(|&i| self.fetch(r).chunks[i]).collect();
-        self.push(
-            now + self.setup.host_rtt / 2.0,
-            Kind::Announce { host, chunks },
-        );
         self.end_run(r, now);
     }
 
@@ -1043,6 +1039,15 @@ impl World {
             let i = items[*at];
             *at += 1;
             self.land(r, i, now);
+            // `origin::announce_kept`: each chunk announced as soon as it is stored.
+            let (host, chunk) = (self.fetch(r).host, self.fetch(r).chunks[i]);
+            self.push(
+                now + self.setup.host_rtt / 2.0,
+                Kind::Announce {
+                    host,
+                    chunks: vec![chunk],
+                },
+            );
             self.origin_next(r, now);
             return;
         }
