@@ -11,8 +11,8 @@ use crate::config::Prefetch;
 use crate::fetch::{Fetcher, Wanted};
 
 /// Fetches an index's windows, the image's prefetch list (and, for `all`, every other
-/// chunk, in blob order) with at most `concurrency` chunks at a time, so on-demand
-/// reads keep going.
+/// chunk, in blob order — in a swarm from a random chunk on, wrapping around) with at
+/// most `concurrency` chunks at a time, so on-demand reads keep going.
 pub(super) async fn prefetch_image(
     fetcher: Arc<Fetcher>,
     image: Arc<MountedImage>,
@@ -56,6 +56,7 @@ pub(super) async fn prefetch_image(
             })
             .collect();
         rest.sort_unstable();
+        fetcher.start_anywhere(&mut rest);
         chunks.extend(rest.into_iter().map(|(_, _, c)| c));
     }
     let total = chunks.len();

@@ -116,10 +116,11 @@ impl Agent {
         let mut first_error: Option<String> = None;
         let mut failed = 0u64;
         let mut reported = Instant::now();
-        let units: Vec<_> = list
+        let mut units: Vec<_> = list
             .iter()
             .filter_map(|&(_, _, index, _)| chunks.unit(index).ok())
             .collect();
+        self.fetcher.start_anywhere(&mut units);
         let wanted: Arc<dyn Wanted> = chunks.clone();
         let concurrency = self.config.fetch.prefetch_concurrency.max(1);
         self.fetcher

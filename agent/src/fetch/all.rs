@@ -8,15 +8,16 @@
 //! instead of sending a request of its own, and the loop itself moves on to the next
 //! run rather than waiting for a unit someone else is fetching.
 //!
-//! In a swarm the list is led from a random point, wrapping around: nodes pulling the
-//! same image at once (a preheat of every node, a rollout) then start on different
-//! chunks, each fetches a different part from the origin (the scheduler's single
-//! flight keeps that to about one copy) and they have something to give each other
-//! from the first second. In the order given they would all wait behind the first
+//! A whole image (a preheat, `prefetch = "all"` past the prefetch list) is led, in a
+//! swarm, from a random point, wrapping around ([`Fetcher::start_anywhere`]): nodes
+//! pulling the same image at once (a preheat of every node, a rollout) then start on
+//! different chunks, each fetches a different part from the origin (the scheduler's
+//! single flight keeps that to about one copy) and they have something to give each
+//! other from the first second. In blob order they would all wait behind the first
 //! node, its few holders answering Busy: in the swarm simulation (benches/sim.rs,
 //! Kraken's set-up at 260 nodes) the pull took 104 s in blob order and 33 s from
-//! random points. The price: a prefetch list in a swarm is not fetched first; reads
-//! of its files fetch what they need themselves, as they always can.
+//! random points. A prefetch list and a listing's files keep their order: what a
+//! start-up reads first comes first.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,8 +29,7 @@ use super::{Fetcher, Outcome, Role};
 use crate::ChunkFailure;
 
 impl Fetcher {
-    /// Fetches every unit of `units` (in that order; in a swarm from a random point of
-    /// it, wrapping around: see the module docs), leading at most `concurrency`
+    /// Fetches every unit of `units` (in that order), leading at most `concurrency`
     /// runs at once, each of units of `units` only, and hands each unit's result to
     /// `done` as it comes (in completion order; units already stored are done at once,
     /// without being read). On-demand reads are never held back by it: they join the
@@ -45,12 +45,8 @@ impl Fetcher {
         let mut waits: JoinSet<(Unit, Result<(), ChunkFailure>)> = JoinSet::new();
         // Units of runs this call leads (by index): already waited for.
         let mut led = HashSet::new();
-        let mut units: Vec<Unit> = units.into_iter().collect();
+        let units: Vec<Unit> = units.into_iter().collect();
         let asked: HashSet<u32> = units.iter().map(|u| u.index).collect();
-        if self.peers.as_ref().is_some_and(|p| p.member()) && units.len() > 1 {
-            let start = random_below(units.len());
-            units.rotate_left(start);
-        }
         for unit in units {
             while let Some(Ok((unit, result))) = waits.try_join_next() {
                 done(unit, result);
@@ -128,6 +124,17 @@ impl Fetcher {
         match answered {
             Some(outcome) => outcome.map(drop),
             None => self.unit(wanted, unit).await.map(drop),
+        }
+    }
+}
+
+impl Fetcher {
+    /// In a swarm, turns `items` (a whole image's units, in blob order) to start at a
+    /// random one, wrapping around (see the module docs); alone, leaves them as they
+    /// are.
+    pub fn start_anywhere<T>(&self, items: &mut [T]) {
+        if self.peers.as_ref().is_some_and(|p| p.member()) && items.len() > 1 {
+            items.rotate_left(random_below(items.len()));
         }
     }
 }

@@ -1074,7 +1074,8 @@ async fn fetch_all_in_a_swarm_starts_anywhere_and_fetches_every_unit_once() {
         let peers = swarm(vec![PeerChoice::Origin], &[]);
         let bed = Bed::new(8, 2, FakeOrigin::new(8), Some(peers.clone()));
         let wanted: Arc<dyn Wanted> = bed.wanted.clone();
-        let units: Vec<Unit> = (0..8).map(|i| bed.wanted.unit(i)).collect();
+        let mut units: Vec<Unit> = (0..8).map(|i| bed.wanted.unit(i)).collect();
+        bed.fetcher.start_anywhere(&mut units);
         let mut done = Vec::new();
         bed.fetcher
             .fetch_all(&wanted, units, 2, |unit, outcome| {
