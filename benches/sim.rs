@@ -83,7 +83,13 @@ fn only(setup: &str) -> bool {
 }
 
 fn nodes_list() -> Vec<usize> {
-    std::env::var("TESSERA_BENCH_SIM_NODES")
+    counts_from_env("TESSERA_BENCH_SIM_NODES", &[100, 1000, 5000])
+}
+
+/// A comma list of node counts from the environment variable `name`; `default` when it
+/// is unset or names none.
+fn counts_from_env(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
         .ok()
         .map(|v| {
             v.split(',')
@@ -91,7 +97,7 @@ fn nodes_list() -> Vec<usize> {
                 .collect::<Vec<usize>>()
         })
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| vec![100, 1000, 5000])
+        .unwrap_or_else(|| default.to_vec())
 }
 
 /// The model's chunk for a set-up of `nodes`: 1 MiB (the real chunk) below 1,000 nodes,
@@ -377,15 +383,7 @@ fn real_figures() -> (Times, Option<f64>, Option<Value>, String) {
 /// The node counts the CPU capacity is calibrated on (`TESSERA_BENCH_SIM_CALIBRATE`,
 /// default 1 and 5); the others are predicted.
 fn calibration_nodes() -> Vec<usize> {
-    std::env::var("TESSERA_BENCH_SIM_CALIBRATE")
-        .ok()
-        .map(|v| {
-            v.split(',')
-                .filter_map(|n| n.trim().parse().ok())
-                .collect::<Vec<usize>>()
-        })
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| vec![1, 5])
+    counts_from_env("TESSERA_BENCH_SIM_CALIBRATE", &[1, 5])
 }
 
 fn main() {
