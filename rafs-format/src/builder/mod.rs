@@ -60,6 +60,10 @@ pub struct BuildSummary {
     pub bootstrap_digest: String,
     /// The blob this build wrote, if any chunk was new.
     pub new_blob: Option<BlobSummary>,
+    /// Whether that blob was copied out of the build's spool into reading order (the
+    /// input did not arrive in that order: several layers, or one out of tree order)
+    /// rather than the spool kept as the blob.
+    pub blob_rewritten: bool,
     /// Every blob the image references.
     pub blobs: Vec<BlobSummary>,
     /// File bytes / unique bytes.
@@ -177,9 +181,7 @@ impl Builder {
         }
         let blobs = out_dir.join("blobs");
         std::fs::create_dir_all(&blobs).map_err(|e| Error::io("create", &blobs, e))?;
-        let spool = tempfile::tempfile_in(&blobs)
-            .map_err(|e| Error::io("create chunk spool in", &blobs, e))?;
-        let store = ChunkStore::new(&opts, spool)?;
+        let store = ChunkStore::new(&opts, &blobs)?;
         let root = Meta {
             perm: 0o755,
             ..Meta::default()
@@ -196,16 +198,25 @@ impl Builder {
         })
     }
 
+    /// Counts a source in; from the second on, chunks no longer arrive in the blob's
+    /// order, so the spool is copied into the blob rather than kept as it.
+    fn next_source(&mut self) -> u32 {
+        if self.layers > 0 {
+            self.store.stop_hashing_spool();
+        }
+        self.layers += 1;
+        self.layers - 1
+    }
+
     /// Adds a directory tree as the image's content.
     pub fn add_dir(&mut self, root: &Path) -> Result<()> {
-        self.layers += 1;
-        source_dir::add_dir(&mut self.tree, &mut self.store, root)
+        self.next_source();
+        source_dir::add_dir(&mut self.tree, &mut self.store, root, &self.opts.prefetch)
     }
 
     /// Applies a layer tarball (plain, gzip or zstd) on top of what is there.
     pub fn add_layer(&mut self, layer: impl Read) -> Result<()> {
-        let index = self.layers;
-        self.layers += 1;
+        let index = self.next_source();
         let stream = layer::decompressed(layer).map_err(|e| Error::Layer {
             layer: index as usize,
             entry: String::new(),
@@ -224,8 +235,7 @@ impl Builder {
                 "an index of gzip layers takes no chunk dictionary".into(),
             ));
         }
-        let index = self.layers;
-        self.layers += 1;
+        let index = self.next_source();
         let span_layer = self.indexed.len() as u32;
         if !self.indexed.is_empty() {
             // The tree of the layers before this one (the last tree is the bootstrap's).
@@ -302,6 +312,7 @@ impl Builder {
             bootstrap_bytes: w.bootstrap_bytes,
             bootstrap_digest: format!("sha256:{}", hex::encode(w.bootstrap_sha256)),
             new_blob: w.new_blob.as_ref().map(blob),
+            blob_rewritten: w.blob_rewritten,
             blobs: w.blobs.iter().map(blob).collect(),
             dedup_ratio: ratio(w.file_bytes - w.holes_bytes, w.unique_bytes),
             compression_ratio: ratio(w.unique_bytes, w.stored_bytes),

@@ -12,9 +12,12 @@ use std::ops::Range;
 use std::path::Path;
 
 use rayon::prelude::*;
+use sha2::{Digest, Sha256};
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use super::options::{BuildOptions, BuildProgress, Chunking};
 use crate::chunk::{compress, Compression, DigestAlgo};
@@ -24,7 +27,12 @@ use crate::{Error, Result};
 
 /// Chunk data is batched up to this many bytes before hashing and compressing it in
 /// parallel, so small files still keep every core busy.
-const BATCH_BYTES: usize = 32 << 20;
+const BATCH_BYTES: usize = 16 << 20;
+
+/// Batches waiting between stages. With one being filled, one hashed and compressed
+/// and one written, file data in memory stays under ~4 batches whatever the image's
+/// size.
+const QUEUED_BATCHES: usize = 1;
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.
 fn read_full(data: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -78,13 +86,6 @@ pub(crate) struct DictBlob {
     pub path: Option<std::path::PathBuf>,
 }
 
-/// Chunks of another image that a build may reference instead of storing again.
-#[derive(Debug, Default)]
-struct Dict {
-    blobs: Vec<DictBlob>,
-    chunks: HashMap<[u8; 32], UniqueChunk>,
-}
-
 /// Counters for the build summary.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct StoreStats {
@@ -104,18 +105,216 @@ struct PendingPiece {
     origin: Option<(u32, u64)>,
 }
 
-pub(crate) struct ChunkStore {
+/// The spool once every chunk is in it.
+#[derive(Debug)]
+pub(crate) struct Spool {
+    /// Open for reading.
+    pub file: File,
+    pub len: u64,
+    /// sha256 of the spool's bytes, if they were hashed as they were written (see
+    /// [`ChunkStore::stop_hashing_spool`]): the blob's digest when the spool's order is
+    /// the blob's.
+    pub sha256: Option<[u8; 32]>,
+    /// The spool's name, to keep it as the blob.
+    pub named: tempfile::TempPath,
+}
+
+/// The stages behind the reading thread: dedup (hash, decide, compress, on every core)
+/// and the spool writer, each a thread fed by a bounded queue, so reading the next
+/// batch overlaps hashing and compressing this one and writing the last.
+struct Stages {
+    batches: SyncSender<Vec<PendingPiece>>,
+    dedup: JoinHandle<std::io::Result<Deduped>>,
+    /// Cleared once the spool can no longer be the blob: its hash is not worth taking.
+    hash_spool: Arc<AtomicBool>,
+}
+
+/// What the dedup stage found, handed back when the last batch is done.
+struct Deduped {
+    unique: Vec<UniqueChunk>,
+    /// (occurrence, unique chunk) for every piece that is not a hole.
+    assigned: Vec<(u32, u32)>,
+    dict_hits: u64,
+    spool_len: u64,
+    spool_sha256: Option<[u8; 32]>,
+}
+
+/// The dedup stage's state: every unique chunk so far, by digest.
+struct Dedup {
     algo: DigestAlgo,
     compression: Compression,
     level: i32,
-    chunking: Chunking,
-    spool: BufWriter<File>,
-    spool_len: u64,
-    pub unique: Vec<UniqueChunk>,
+    unique: Vec<UniqueChunk>,
     by_digest: HashMap<[u8; 32], u32>,
-    dict: Dict,
+    dict: HashMap<[u8; 32], UniqueChunk>,
+    assigned: Vec<(u32, u32)>,
+    dict_hits: u64,
+    spool_len: u64,
+}
+
+/// A piece after the parallel pass: its digest (`None`: all zeros, a hole) and, if it
+/// may be new, its stored bytes.
+type Hashed = (
+    u32,
+    Option<(u32, u64)>,
+    Option<[u8; 32]>,
+    u32,
+    Option<(Vec<u8>, Compression)>,
+);
+
+impl Dedup {
+    /// Whether a piece with this digest needs storing (as of the batch's start): not a
+    /// span, and not already a chunk it may share. A window must be a stored chunk
+    /// (format.md §17.2), so one whose bytes equal a span chunk's is stored again.
+    fn known(&self, digest: &[u8; 32], origin: Option<(u32, u64)>) -> Option<u32> {
+        self.by_digest.get(digest).copied().filter(|&id| {
+            origin.is_some() || !matches!(self.unique[id as usize].location, Location::Span { .. })
+        })
+    }
+
+    /// Hashes a batch and compresses what may be new (in parallel), then decides in
+    /// order which pieces are new (so ids are deterministic). Returns the new chunks'
+    /// stored bytes in spool order.
+    fn batch(&mut self, pending: Vec<PendingPiece>) -> Vec<Vec<u8>> {
+        let (algo, compression, level) = (self.algo, self.compression, self.level);
+        let this = &*self;
+        let hashed: Vec<Hashed> = pending
+            .into_par_iter()
+            .map(|PendingPiece { occ, data, origin }| {
+                if data.iter().all(|&b| b == 0) {
+                    return (occ, origin, None, data.len() as u32, None);
+                }
+                let digest = algo.digest(&data);
+                let store = origin.is_none()
+                    && this.known(&digest, origin).is_none()
+                    && !this.dict.contains_key(&digest);
+                let stored = store.then(|| compress(&data, compression, level));
+                (occ, origin, Some(digest), data.len() as u32, stored)
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (occ, origin, digest, len, stored) in hashed {
+            let Some(digest) = digest else { continue };
+            let id = match self.known(&digest, origin) {
+                Some(id) => id,
+                None => {
+                    let id = self.unique.len() as u32;
+                    self.by_digest.insert(digest, id);
+                    let chunk = match (self.dict.get(&digest), origin, stored) {
+                        (Some(c), _, _) => {
+                            self.dict_hits += 1;
+                            *c
+                        }
+                        (None, Some((layer, out)), _) => UniqueChunk {
+                            digest,
+                            uncompressed_size: len,
+                            // The span's length is known once the layer is read whole.
+                            compressed_size: 0,
+                            compression: Compression::GzipSpan,
+                            location: Location::Span { layer, out },
+                        },
+                        (None, None, stored) => {
+                            // Compressed above: nothing before this batch had it.
+                            let (bytes, used) = stored.unwrap_or_else(|| compress_missed(&digest));
+                            let chunk = UniqueChunk {
+                                digest,
+                                uncompressed_size: len,
+                                compressed_size: bytes.len() as u32,
+                                compression: used,
+                                location: Location::Spool {
+                                    offset: self.spool_len,
+                                },
+                            };
+                            self.spool_len += bytes.len() as u64;
+                            out.push(bytes);
+                            chunk
+                        }
+                    };
+                    self.unique.push(chunk);
+                    id
+                }
+            };
+            self.assigned.push((occ, id));
+        }
+        out
+    }
+}
+
+/// Unreachable: a piece new to the build was compressed in the parallel pass (it was
+/// new as of the batch's start too). Kept total rather than panicking.
+fn compress_missed(digest: &[u8; 32]) -> (Vec<u8>, Compression) {
+    debug_assert!(false, "chunk {} was not compressed", hex::encode(digest));
+    (Vec::new(), Compression::None)
+}
+
+/// The dedup stage: batches in, stored bytes out to the spool writer.
+fn run_dedup(
+    mut dedup: Dedup,
+    batches: Receiver<Vec<PendingPiece>>,
+    spool: File,
+    hash_spool: Arc<AtomicBool>,
+) -> std::io::Result<Deduped> {
+    let (to_writer, chunks) = sync_channel::<Vec<Vec<u8>>>(QUEUED_BATCHES);
+    let writer = std::thread::Builder::new()
+        .name("build-spool".into())
+        .spawn(move || write_spool(spool, chunks, &hash_spool))?;
+    for batch in batches {
+        let stored = dedup.batch(batch);
+        if to_writer.send(stored).is_err() {
+            break; // The writer failed; its error is below.
+        }
+    }
+    drop(to_writer);
+    let (spool_len, spool_sha256) = writer
+        .join()
+        .map_err(|_| std::io::Error::other("the spool writer stopped unexpectedly"))??;
+    debug_assert_eq!(spool_len, dedup.spool_len);
+    Ok(Deduped {
+        unique: dedup.unique,
+        assigned: dedup.assigned,
+        dict_hits: dedup.dict_hits,
+        spool_len,
+        spool_sha256,
+    })
+}
+
+/// The spool writer: appends stored chunks in order, hashing them while the spool may
+/// still become the blob. Returns the length and, if hashed throughout, the digest.
+fn write_spool(
+    spool: File,
+    chunks: Receiver<Vec<Vec<u8>>>,
+    hash_spool: &AtomicBool,
+) -> std::io::Result<(u64, Option<[u8; 32]>)> {
+    let mut out = BufWriter::with_capacity(1 << 20, spool);
+    let mut hasher = Some(Sha256::new());
+    let mut len = 0u64;
+    for batch in chunks {
+        if !hash_spool.load(Ordering::Relaxed) {
+            hasher = None;
+        }
+        for c in batch {
+            if let Some(h) = &mut hasher {
+                h.update(&c);
+            }
+            out.write_all(&c)?;
+            len += c.len() as u64;
+        }
+    }
+    out.flush()?;
+    Ok((len, hasher.map(|h| h.finalize().into())))
+}
+
+pub(crate) struct ChunkStore {
+    chunking: Chunking,
+    /// The reading side of the dedup and spool stages; `None` once finished.
+    stages: Option<Stages>,
+    /// The spool file, named so it can become the blob.
+    spool: Option<tempfile::NamedTempFile>,
+    /// Filled when the stages finish ([`ChunkStore::finish_spool`]).
+    pub unique: Vec<UniqueChunk>,
+    dict_blobs: Vec<DictBlob>,
     pub occurrences: Vec<Occurrence>,
-    /// Chunk data waiting for the next parallel batch.
+    /// Chunk data waiting for the next batch.
     pending: Vec<PendingPiece>,
     /// The indexed gzip layer whose files are being added: their chunks become spans
     /// of it instead of being compressed and stored.
@@ -138,17 +337,54 @@ impl std::fmt::Debug for ChunkStore {
 }
 
 impl ChunkStore {
-    pub fn new(opts: &BuildOptions, spool: File) -> Result<Self> {
-        let mut store = ChunkStore {
+    /// A store spooling into a new file in `dir` (the image's `blobs/`), its stages
+    /// started.
+    pub fn new(opts: &BuildOptions, dir: &Path) -> Result<Self> {
+        let spool = tempfile::Builder::new()
+            .prefix(".spool")
+            .tempfile_in(dir)
+            .map_err(|e| Error::io("create chunk spool in", dir, e))?;
+        let mut dedup = Dedup {
             algo: opts.digest,
             compression: opts.compression,
             level: opts.compression_level,
-            chunking: opts.chunking,
-            spool: BufWriter::with_capacity(1 << 20, spool),
-            spool_len: 0,
             unique: Vec::new(),
             by_digest: HashMap::new(),
-            dict: Dict::default(),
+            dict: HashMap::new(),
+            assigned: Vec::new(),
+            dict_hits: 0,
+            spool_len: 0,
+        };
+        let mut dict_blobs = Vec::new();
+        if let Some(dict) = &opts.chunk_dict {
+            load_dict(
+                &mut dedup,
+                &mut dict_blobs,
+                &dict.image_dir,
+                dict.link_blobs,
+            )?;
+        }
+        let writer = spool
+            .as_file()
+            .try_clone()
+            .map_err(|e| Error::io("open chunk spool", spool.path(), e))?;
+        let (batches, from_reader) = sync_channel(QUEUED_BATCHES);
+        let hash_spool = Arc::new(AtomicBool::new(true));
+        let hashing = hash_spool.clone();
+        let dedup = std::thread::Builder::new()
+            .name("build-dedup".into())
+            .spawn(move || run_dedup(dedup, from_reader, writer, hashing))
+            .map_err(|e| Error::io("start the build's dedup thread for", spool.path(), e))?;
+        Ok(ChunkStore {
+            chunking: opts.chunking,
+            stages: Some(Stages {
+                batches,
+                dedup,
+                hash_spool,
+            }),
+            spool: Some(spool),
+            unique: Vec::new(),
+            dict_blobs,
             occurrences: Vec::new(),
             pending: Vec::new(),
             span_layer: None,
@@ -156,59 +392,19 @@ impl ChunkStore {
             stats: StoreStats::default(),
             progress: opts.progress.clone(),
             scratch: Vec::new(),
-        };
-        if let Some(dict) = &opts.chunk_dict {
-            store.load_dict(&dict.image_dir, dict.link_blobs)?;
-        }
-        Ok(store)
+        })
     }
 
-    /// Indexes the chunks of the image at `dir` so matching chunks are referenced.
-    fn load_dict(&mut self, dir: &Path, link_blobs: bool) -> Result<()> {
-        let bootstrap = Bootstrap::open(&dir.join("bootstrap"))?;
-        if bootstrap.digest_algo() != self.algo {
-            return Err(Error::InvalidOption(format!(
-                "--chunk-dict {} uses {} chunk digests but this build uses {}; build with the same --digest",
-                dir.display(),
-                bootstrap.digest_algo().name(),
-                self.algo.name()
-            )));
+    /// The spool will not be the blob (a second source: its chunks interleave with the
+    /// first's in reading order), so its writer stops hashing it.
+    pub fn stop_hashing_spool(&self) {
+        if let Some(stages) = &self.stages {
+            stages.hash_spool.store(false, Ordering::Relaxed);
         }
-        let local = LocalBlobs::new(dir);
-        for blob in bootstrap.blobs()? {
-            let path = local.path(&blob);
-            if link_blobs && !path.is_file() {
-                return Err(Error::io(
-                    "find chunk-dict blob",
-                    &path,
-                    std::io::Error::from(std::io::ErrorKind::NotFound),
-                ));
-            }
-            let path = link_blobs.then_some(path);
-            self.dict.blobs.push(DictBlob {
-                digest: blob.digest,
-                size: blob.size,
-                path,
-            });
-        }
-        for c in 0..bootstrap.chunk_count() {
-            let info = bootstrap.chunk(c)?;
-            self.dict.chunks.entry(info.digest).or_insert(UniqueChunk {
-                digest: info.digest,
-                uncompressed_size: info.uncompressed_size,
-                compressed_size: info.compressed_size,
-                compression: info.compression,
-                location: Location::Dict {
-                    blob: info.blob_index,
-                    offset: info.compressed_offset,
-                },
-            });
-        }
-        Ok(())
     }
 
     pub fn dict_blob(&self, index: u32) -> &DictBlob {
-        &self.dict.blobs[index as usize]
+        &self.dict_blobs[index as usize]
     }
 
     /// Makes the files added next chunks of indexed layer `layer` (`None`: stored as
@@ -290,89 +486,107 @@ impl ChunkStore {
         Ok(())
     }
 
-    /// Hashes, deduplicates, compresses and spools the pending batch.
-    pub fn flush(&mut self) -> std::io::Result<()> {
-        let pending = std::mem::take(&mut self.pending);
+    /// Hands the pending batch to the dedup stage (waiting while it is a batch
+    /// behind); an error it stopped on comes back here.
+    fn flush(&mut self) -> std::io::Result<()> {
+        let batch = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
-        let algo = self.algo;
-        // Hash in parallel; an all-zero piece becomes a hole and is never stored.
-        type Hashed = (u32, Vec<u8>, Option<(u32, u64)>, Option<[u8; 32]>);
-        let hashed: Vec<Hashed> = pending
-            .into_par_iter()
-            .map(|PendingPiece { occ, data, origin }| {
-                let digest = (!data.iter().all(|&b| b == 0)).then(|| algo.digest(&data));
-                (occ, data, origin, digest)
-            })
-            .collect();
-        // Decide sequentially (deterministic ids) which pieces are new.
-        let mut to_compress = Vec::new();
-        for (occ, data, origin, digest) in hashed {
-            let Some(digest) = digest else { continue };
-            // A window must be a stored chunk (format.md §17.2): one whose bytes equal
-            // a span chunk's is stored again rather than shared.
-            let known = self.by_digest.get(&digest).copied().filter(|&id| {
-                origin.is_some()
-                    || !matches!(self.unique[id as usize].location, Location::Span { .. })
-            });
-            let id = match known {
-                Some(id) => id,
-                None => {
-                    let id = self.unique.len() as u32;
-                    self.by_digest.insert(digest, id);
-                    match (self.dict.chunks.get(&digest), origin) {
-                        (Some(c), _) => {
-                            self.stats.dict_hits += 1;
-                            self.unique.push(*c);
-                        }
-                        (None, Some((layer, out))) => self.unique.push(UniqueChunk {
-                            digest,
-                            uncompressed_size: data.len() as u32,
-                            // The span's length is known once the layer is read whole.
-                            compressed_size: 0,
-                            compression: Compression::GzipSpan,
-                            location: Location::Span { layer, out },
-                        }),
-                        (None, None) => {
-                            self.unique.push(UniqueChunk {
-                                digest,
-                                uncompressed_size: data.len() as u32,
-                                compressed_size: 0,
-                                compression: Compression::None,
-                                location: Location::Spool { offset: 0 },
-                            });
-                            to_compress.push((id, data));
-                        }
-                    }
-                    id
-                }
-            };
-            self.occurrences[occ as usize].chunk = id;
+        let Some(stages) = &self.stages else {
+            return Err(std::io::Error::other("the chunk store is already finished"));
+        };
+        if stages.batches.send(batch).is_ok() {
+            return Ok(());
         }
-        let (compression, level) = (self.compression, self.level);
-        let compressed: Vec<(u32, Vec<u8>, Compression)> = to_compress
-            .into_par_iter()
-            .map(|(id, data)| {
-                let (stored, used) = compress(&data, compression, level);
-                (id, stored, used)
-            })
-            .collect();
-        for (id, stored, used) in compressed {
-            self.spool.write_all(&stored)?;
-            let u = &mut self.unique[id as usize];
-            u.compressed_size = stored.len() as u32;
-            u.compression = used;
-            u.location = Location::Spool {
-                offset: self.spool_len,
-            };
-            self.spool_len += stored.len() as u64;
+        // The stage stopped, on an error: report it.
+        match self.join_stages() {
+            Err(e) => Err(e),
+            Ok(_) => Err(std::io::Error::other("the chunk store stopped early")),
         }
-        Ok(())
     }
 
-    /// Flushes everything and hands back the spool file for reading.
-    pub fn finish_spool(&mut self) -> std::io::Result<&File> {
-        self.flush()?;
-        self.spool.flush()?;
-        Ok(self.spool.get_ref())
+    /// Closes the queue and waits for every batch to be spooled.
+    fn join_stages(&mut self) -> std::io::Result<Deduped> {
+        let Some(stages) = self.stages.take() else {
+            return Err(std::io::Error::other("the chunk store is already finished"));
+        };
+        drop(stages.batches);
+        stages
+            .dedup
+            .join()
+            .map_err(|_| std::io::Error::other("the build's dedup stage stopped unexpectedly"))?
     }
+
+    /// Spools everything pending, waits for the stages and hands back the spool; the
+    /// chunks' ids are then in [`ChunkStore::occurrences`] and [`ChunkStore::unique`].
+    pub fn finish_spool(&mut self) -> std::io::Result<Spool> {
+        if !self.pending.is_empty() {
+            self.flush()?;
+        }
+        let done = self.join_stages()?;
+        for (occ, id) in done.assigned {
+            self.occurrences[occ as usize].chunk = id;
+        }
+        self.unique = done.unique;
+        self.stats.dict_hits = done.dict_hits;
+        let named = self
+            .spool
+            .take()
+            .ok_or_else(|| std::io::Error::other("the chunk store is already finished"))?;
+        let file = named.reopen()?;
+        Ok(Spool {
+            file,
+            len: done.spool_len,
+            sha256: done.spool_sha256,
+            named: named.into_temp_path(),
+        })
+    }
+}
+
+/// Indexes the chunks of the image at `dir` so matching chunks are referenced.
+fn load_dict(
+    dedup: &mut Dedup,
+    blobs: &mut Vec<DictBlob>,
+    dir: &Path,
+    link_blobs: bool,
+) -> Result<()> {
+    let bootstrap = Bootstrap::open(&dir.join("bootstrap"))?;
+    if bootstrap.digest_algo() != dedup.algo {
+        return Err(Error::InvalidOption(format!(
+            "--chunk-dict {} uses {} chunk digests but this build uses {}; build with the same --digest",
+            dir.display(),
+            bootstrap.digest_algo().name(),
+            dedup.algo.name()
+        )));
+    }
+    let local = LocalBlobs::new(dir);
+    for blob in bootstrap.blobs()? {
+        let path = local.path(&blob);
+        if link_blobs && !path.is_file() {
+            return Err(Error::io(
+                "find chunk-dict blob",
+                &path,
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ));
+        }
+        let path = link_blobs.then_some(path);
+        blobs.push(DictBlob {
+            digest: blob.digest,
+            size: blob.size,
+            path,
+        });
+    }
+    for c in 0..bootstrap.chunk_count() {
+        let info = bootstrap.chunk(c)?;
+        dedup.dict.entry(info.digest).or_insert(UniqueChunk {
+            digest: info.digest,
+            uncompressed_size: info.uncompressed_size,
+            compressed_size: info.compressed_size,
+            compression: info.compression,
+            location: Location::Dict {
+                blob: info.blob_index,
+                offset: info.compressed_offset,
+            },
+        });
+    }
+    Ok(())
 }

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use zerocopy::IntoBytes;
 
 use super::gzip_index::IndexedLayer;
-use super::store::{ChunkStore, Location};
+use super::store::{ChunkStore, Location, Spool, UniqueChunk};
 use super::tree::{NodeData, NodeId, Tree, ROOT};
 use crate::chunk::{Chunking, DigestAlgo};
 use crate::gzip;
@@ -52,6 +52,9 @@ pub(crate) struct Written {
     pub bootstrap_sha256: [u8; 32],
     /// The new blob's digest and size, if any chunk was new.
     pub new_blob: Option<([u8; 32], u64)>,
+    /// Whether the new blob was copied out of the spool into reading order, rather
+    /// than the spool kept as it.
+    pub blob_rewritten: bool,
     /// Every blob the image references: (digest, size).
     pub blobs: Vec<([u8; 32], u64)>,
     pub inodes: u32,
@@ -143,6 +146,50 @@ fn expand_prefetch(tree: &Tree, node: NodeId, out: &mut Vec<NodeId>) {
     }
 }
 
+/// A prefetch list resolved against a tree.
+struct Prefetch {
+    /// (node, canonical path) of each path found.
+    entries: Vec<(NodeId, String)>,
+    /// The files they name, in list order (a directory: every file under it).
+    files: Vec<NodeId>,
+    /// Paths not in the tree.
+    missing: Vec<String>,
+}
+
+fn resolve_prefetch(tree: &Tree, paths: &[String]) -> Prefetch {
+    let mut out = Prefetch {
+        entries: Vec::new(),
+        files: Vec::new(),
+        missing: Vec::new(),
+    };
+    for p in paths {
+        let comps = super::tree::components(p.as_bytes());
+        match comps.and_then(|c| tree.lookup(&c)) {
+            Some(node) => {
+                out.entries.push((node, format!("/{}", comps_join(p))));
+                expand_prefetch(tree, node, &mut out.files);
+            }
+            None => out.missing.push(p.clone()),
+        }
+    }
+    out
+}
+
+/// The tree's files in the order [`write`] places their chunks in the blob: the
+/// prefetch list's files, then every file in inode order, each once. A source that
+/// reads files in this order makes chunks arrive in the blob's order, so the spool
+/// becomes the blob without a copy.
+pub(crate) fn reading_order(tree: &Tree, prefetch: &[String]) -> Vec<NodeId> {
+    let (order, _, _) = number_inodes(tree);
+    let first = resolve_prefetch(tree, prefetch).files;
+    let mut seen = std::collections::HashSet::new();
+    first
+        .into_iter()
+        .chain(order)
+        .filter(|&n| matches!(tree.node(n).data, NodeData::File { .. }) && seen.insert(n))
+        .collect()
+}
+
 pub(crate) struct WriteParams<'a> {
     pub out_dir: &'a Path,
     pub digest: DigestAlgo,
@@ -163,27 +210,19 @@ pub(crate) fn write(
     let spool_path = params.out_dir.join("blobs").join(".spool");
     let spool = store
         .finish_spool()
-        .map_err(|e| Error::io("write chunk spool", &spool_path, e))?
-        .try_clone()
-        .map_err(|e| Error::io("reopen chunk spool", &spool_path, e))?;
+        .map_err(|e| Error::io("write chunk spool", &spool_path, e))?;
 
     let (order, ino_of, parent_of) = number_inodes(tree);
 
     // Prefetch entries: resolve paths, remember which files come first.
-    let mut prefetch_nodes = Vec::new();
-    let mut prefetch_entries = Vec::new();
-    let mut prefetch_missing = Vec::new();
-    for p in params.prefetch {
-        let comps = super::tree::components(p.as_bytes());
-        match comps.and_then(|c| tree.lookup(&c)) {
-            Some(node) => {
-                let canonical = format!("/{}", comps_join(p));
-                prefetch_entries.push((ino_of[&node], canonical));
-                expand_prefetch(tree, node, &mut prefetch_nodes);
-            }
-            None => prefetch_missing.push(p.clone()),
-        }
-    }
+    let prefetch = resolve_prefetch(tree, params.prefetch);
+    let prefetch_nodes = prefetch.files;
+    let prefetch_missing = prefetch.missing;
+    let prefetch_entries: Vec<(u32, String)> = prefetch
+        .entries
+        .into_iter()
+        .map(|(node, path)| (ino_of[&node], path))
+        .collect();
 
     // Indexed layers' checkpoints are numbered layer after layer.
     let mut checkpoint_base = Vec::with_capacity(params.indexed.len());
@@ -277,8 +316,11 @@ pub(crate) fn write(
 
     // Write the new blob by copying spooled chunks in placement order.
     let mut new_blob = None;
+    let mut blob_rewritten = false;
     if blob_keys.first() == Some(&BlobKey::New) {
-        new_blob = Some(copy_new_blob(&spool, store, &placed, params.out_dir)?);
+        let (digest, len, rewritten) = new_blob_from(spool, store, &placed, params.out_dir)?;
+        new_blob = Some((digest, len));
+        blob_rewritten = rewritten;
     }
     link_dict_blobs(store, &blob_keys, params.out_dir)?;
 
@@ -377,6 +419,7 @@ pub(crate) fn write(
         bootstrap_bytes: bytes.len() as u64,
         bootstrap_sha256: Sha256::digest(&bytes).into(),
         new_blob,
+        blob_rewritten,
         blobs,
         inodes: order.len() as u32,
         regular_files: counts.regular_files,
@@ -589,7 +632,7 @@ fn place_span(
     checkpoint_base: &[u32],
     layer: u32,
     out: u64,
-    u: &super::store::UniqueChunk,
+    u: &UniqueChunk,
 ) -> Result<(u64, SpanPlace)> {
     let l = &params.indexed[layer as usize];
     let end = out + u64::from(u.uncompressed_size);
@@ -620,29 +663,48 @@ fn place_span(
     ))
 }
 
-/// Copies the new chunks from the spool into `blobs/<sha256>` in placement order.
-fn copy_new_blob(
-    spool: &File,
+/// Makes the new blob, `blobs/<sha256>`, from the spool: the spool itself when it
+/// holds exactly the placed chunks in placement order (chunks arrived in reading order:
+/// one directory, or one layer in tree order) and was hashed as it was written;
+/// otherwise a copy of the placed chunks in placement order. Returns the blob's digest,
+/// its size and whether it was copied.
+fn new_blob_from(
+    spool: Spool,
     store: &ChunkStore,
     placed: &[(u32, BlobKey, u64)],
     out_dir: &Path,
-) -> Result<([u8; 32], u64)> {
+) -> Result<([u8; 32], u64, bool)> {
+    let spooled = |&(id, key, _): &(u32, BlobKey, u64)| match store.unique[id as usize] {
+        u @ UniqueChunk {
+            location: Location::Spool { offset },
+            ..
+        } if key == BlobKey::New => Some((offset, u64::from(u.compressed_size))),
+        _ => None,
+    };
+    let mut end = 0u64;
+    let in_order = placed.iter().filter_map(spooled).all(|(offset, len)| {
+        let next = offset == end;
+        end += len;
+        next
+    });
+    if let (true, true, Some(digest)) = (in_order, end == spool.len, spool.sha256) {
+        let final_path = out_dir.join("blobs").join(hex::encode(digest));
+        spool
+            .named
+            .persist(&final_path)
+            .map_err(|e| Error::io("rename chunk spool into", &final_path, e.error))?;
+        return Ok((digest, end, false));
+    }
     let tmp = out_dir.join("blobs").join(".blob.tmp");
     let f = File::create(&tmp).map_err(|e| Error::io("create blob", &tmp, e))?;
     let mut out = BufWriter::with_capacity(1 << 20, f);
     let mut hasher = Sha256::new();
     let mut len = 0u64;
     let mut buf = Vec::new();
-    for &(id, key, _) in placed {
-        if key != BlobKey::New {
-            continue;
-        }
-        let u = store.unique[id as usize];
-        let Location::Spool { offset } = u.location else {
-            continue;
-        };
-        buf.resize(u.compressed_size as usize, 0);
+    for (offset, size) in placed.iter().filter_map(spooled) {
+        buf.resize(size as usize, 0);
         spool
+            .file
             .read_exact_at(&mut buf, offset)
             .map_err(|e| Error::io("read chunk spool", out_dir.join("blobs/.spool"), e))?;
         hasher.update(&buf);
@@ -655,7 +717,7 @@ fn copy_new_blob(
     let final_path = out_dir.join("blobs").join(hex::encode(digest));
     std::fs::rename(&tmp, &final_path)
         .map_err(|e| Error::io("rename blob into", &final_path, e))?;
-    Ok((digest, len))
+    Ok((digest, len, true))
 }
 
 /// Makes the dictionary blobs the image references available in its own `blobs/`
