@@ -19,7 +19,9 @@ const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 
 /// Wraps a layer stream in the decompressor its first bytes call for: gzip, zstd or a
 /// plain tar.
-pub(crate) fn decompressed<'a>(reader: impl Read + 'a) -> std::io::Result<Box<dyn Read + 'a>> {
+pub(crate) fn decompressed<'a>(
+    reader: impl Read + Send + 'a,
+) -> std::io::Result<Box<dyn Read + Send + 'a>> {
     let mut reader = BufReader::with_capacity(1 << 20, reader);
     let head = reader.fill_buf()?;
     Ok(if head.starts_with(&[0x1f, 0x8b]) {

@@ -148,6 +148,63 @@ impl std::fmt::Display for BuildSummary {
     }
 }
 
+/// Blocks of a decompressed layer read ahead of the tar reader (1 MiB each).
+const INFLATE_AHEAD_BLOCKS: usize = 8;
+const INFLATE_BLOCK: u64 = 1 << 20;
+
+/// Reads `stream` to its end in blocks into `blocks` (an error ends it); stops early
+/// when the reading side is gone.
+fn inflate_ahead(
+    mut stream: impl Read,
+    blocks: &std::sync::mpsc::SyncSender<std::io::Result<Vec<u8>>>,
+) {
+    loop {
+        let mut block = Vec::with_capacity(INFLATE_BLOCK as usize);
+        match (&mut stream).take(INFLATE_BLOCK).read_to_end(&mut block) {
+            Ok(0) => return,
+            Ok(_) => {
+                if blocks.send(Ok(block)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                // What was read before the error first, as a direct reader would see it.
+                if !block.is_empty() && blocks.send(Ok(block)).is_err() {
+                    return;
+                }
+                let _ = blocks.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// The reading side of [`inflate_ahead`]: a `Read` over its blocks.
+struct BlockReader {
+    blocks: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    block: Vec<u8>,
+    at: usize,
+}
+
+impl Read for BlockReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at == self.block.len() {
+            match self.blocks.recv() {
+                Ok(block) => {
+                    self.block = block?;
+                    self.at = 0;
+                }
+                // The stream ended.
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.block.len() - self.at);
+        buf[..n].copy_from_slice(&self.block[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// Builds one image into an image dir.
 #[derive(Debug)]
 pub struct Builder {
@@ -214,15 +271,37 @@ impl Builder {
         source_dir::add_dir(&mut self.tree, &mut self.store, root, &self.opts.prefetch)
     }
 
-    /// Applies a layer tarball (plain, gzip or zstd) on top of what is there.
-    pub fn add_layer(&mut self, layer: impl Read) -> Result<()> {
+    /// Applies a layer tarball (plain, gzip or zstd) on top of what is there. The layer
+    /// is decompressed on a thread of its own, a few MiB ahead of the tar reader, so
+    /// inflating overlaps cutting and storing (the tar side is the build's one serial
+    /// path).
+    pub fn add_layer(&mut self, layer: impl Read + Send) -> Result<()> {
         let index = self.next_source();
         let stream = layer::decompressed(layer).map_err(|e| Error::Layer {
             layer: index as usize,
             entry: String::new(),
             reason: format!("read compression header: {e}"),
         })?;
-        layer::apply_layer(&mut self.tree, &mut self.store, stream, index)
+        let (tree, store) = (&mut self.tree, &mut self.store);
+        std::thread::scope(|scope| {
+            let (blocks, from_inflater) = std::sync::mpsc::sync_channel(INFLATE_AHEAD_BLOCKS);
+            std::thread::Builder::new()
+                .name("build-inflate".into())
+                .spawn_scoped(scope, move || inflate_ahead(stream, &blocks))
+                .map_err(|e| Error::Layer {
+                    layer: index as usize,
+                    entry: String::new(),
+                    reason: format!("start the decompression thread: {e}"),
+                })?;
+            let reader = BlockReader {
+                blocks: from_inflater,
+                block: Vec::new(),
+                at: 0,
+            };
+            // Returning drops the reader, which stops the thread if the archive ended
+            // before the stream did.
+            layer::apply_layer(tree, store, reader, index)
+        })
     }
 
     /// Applies a gzip layer on top of what is there *as an index* (format.md §17): its
