@@ -105,7 +105,7 @@ stop_registry() { # NAME: stops it and frees its storage
 # Bytes of the blobs the registry keeps (layers, configs, manifests; not its link files
 # and directories, which do not travel).
 stored() {
-    find "$WORK/reg-$1/storage" -type f -name data -printf '%s\n' | awk '{n += $1} END {print n + 0}'
+    find "$WORK/reg-$1/storage" -type f -name data -printf '%s\n' | awk '{n += $1} END {printf "%.0f\n", n}'
 }
 
 # --- the image ---------------------------------------------------------------------
@@ -249,7 +249,7 @@ drop_page_cache() {
     [ "$PAGE_CACHE" = warm ] || echo 3 >/proc/sys/vm/drop_caches
 }
 # Bytes the build wrote into DIR (bootstrap and blob).
-written() { find "$1" -type f -printf '%s\n' | awk '{n += $1} END {print n + 0}'; }
+written() { find "$1" -type f -printf '%s\n' | awk '{n += $1} END {printf "%.0f\n", n}'; }
 build() { # WHAT REP: one build of the tree into a fresh directory, measured
     local out=$WORK/build/out run=$WORK/build/$1-$2
     rm -rf "$out"

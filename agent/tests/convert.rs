@@ -629,6 +629,43 @@ fn conversion_recovers_from_faults_and_never_half_writes_the_target() {
     );
 }
 
+/// The build reads each layer while it downloads, and stops at the tar's end, before a
+/// gzip stream's trailer: a layer whose bytes fail their digest only there must still
+/// fail the conversion, naming the layer, with nothing pushed under the tag.
+#[test]
+fn a_layer_failing_its_digest_fails_the_conversion_even_past_the_tar_end() {
+    let t = tempfile::tempdir().unwrap();
+    let home = home(t.path());
+    let layout = three_layer_image(t.path());
+    let registry = Registry::start();
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let src = format!("{}/src/app:{}", registry.addr, oci::TAG);
+    let (manifest, _) = get_manifest(&src);
+    let layer = manifest["layers"][1]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The last byte of a gzip member is the top byte of ISIZE: no tar reader needs it.
+    let stored = registry.blob_path(&layer);
+    let mut bytes = std::fs::read(&stored).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&stored, &bytes).unwrap();
+
+    let dst = format!("{}/tessera/app:v1", registry.addr);
+    let failed = run_tessera(&home, &["convert", "--retries", "0", &src, &dst]);
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        !failed.status.success() && stderr.contains(&layer),
+        "the conversion must fail naming {layer}: {stderr}"
+    );
+    let e = block_on(client().manifest(&Reference::parse(&dst).unwrap())).unwrap_err();
+    assert!(
+        matches!(e, tessera_agent::Error::Status { status: 404, .. }),
+        "{e}"
+    );
+}
+
 /// A source pushed as a Docker schema 2 manifest (`skopeo --format v2s2`, gzip layers
 /// with Docker media types) converts like an OCI one.
 #[test]

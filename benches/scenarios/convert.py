@@ -129,7 +129,8 @@ def throughput(r):
         "this time (below 1: slower; skopeo moves compressed layers and builds nothing). "
         f"Convert's phases (median): pull {p['pull_seconds']:.2f} s, build "
         f"{p['build_seconds']:.2f} s ({r['build_mb_per_s']:.0f} MB/s of input, from the "
-        f"gzip layers), push {p['push_seconds']:.2f} s.",
+        f"gzip layers; it reads each layer as it downloads, so the two overlap), push "
+        f"{p['push_seconds']:.2f} s.",
     ]
     tessera = [row for row in r["rows"] if row["method"].startswith("tessera")]
     if tessera:

@@ -3,7 +3,8 @@
 //!
 //! Three phases per platform — pull (layers streamed to disk, each verified), build
 //! (`rafs_format::builder`, bounded memory), push (blobs, bootstrap, config, then the
-//! manifest) — and, for `--all-platforms`, an index last. The manifest (or index) is
+//! manifest) — and, for `--all-platforms`, an index last. Pull and build overlap: the
+//! build reads each layer's file while it downloads ([`downloads`]). The manifest (or index) is
 //! always pushed after everything it names, so a failed conversion leaves DST as it
 //! was: blobs without a manifest are invisible and collected by the registry's GC.
 
@@ -16,7 +17,10 @@ use rafs_format::builder::{BuildOptions, BuildProgress, BuildSummary, Builder, C
 use serde::Serialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::task::JoinSet;
+
+mod downloads;
+
+use downloads::{Downloads, LayerFile};
 
 use crate::registry::client::{Manifest, PushOutcome, RegistryClient};
 use crate::registry::image::{
@@ -126,6 +130,8 @@ pub struct ConvertSummary {
     pub pushed_bytes: u64,
     /// Bytes of blobs the registry already had or mounted from the chunk dictionary.
     pub reused_bytes: u64,
+    /// From the first layer download's start to the last one's end; the build reads
+    /// each layer as it lands, so this overlaps `build_seconds`.
     pub pull_seconds: f64,
     pub build_seconds: f64,
     pub push_seconds: f64,
@@ -171,7 +177,7 @@ impl std::fmt::Display for ConvertSummary {
         )?;
         writeln!(
             f,
-            "  time       {:.2} s (pull {:.2} s, build {:.2} s, push {:.2} s)",
+            "  time       {:.2} s (pull {:.2} s and build {:.2} s overlapping, push {:.2} s)",
             self.seconds, self.pull_seconds, self.build_seconds, self.push_seconds
         )
     }
@@ -318,8 +324,12 @@ impl PushTally {
 
 impl Job<'_> {
     fn time(&self, phase: fn(&mut Tally) -> &mut f64, since: Instant) {
+        self.time_seconds(phase, since.elapsed().as_secs_f64());
+    }
+
+    fn time_seconds(&self, phase: fn(&mut Tally) -> &mut f64, seconds: f64) {
         let mut tally = self.tally.lock().unwrap_or_else(|p| p.into_inner());
-        *phase(&mut tally) += since.elapsed().as_secs_f64();
+        *phase(&mut tally) += seconds;
     }
 
     /// Pull, build and push one platform's image; its manifest goes to `target`.
@@ -337,12 +347,20 @@ impl Job<'_> {
             ));
         }
         self.progress.set_phase(format!("pull {label}"));
-        let t = Instant::now();
         let config = pull_config(self.src_client, source).await?;
-        let layers = pull_layers(self.src_client, source, work, self.progress).await?;
-        self.time(|t| &mut t.pull, t);
-
+        let downloads = start_downloads(self.src_client, source, work, self.progress)?;
+        let layers = downloads.layers.clone();
+        // The build reads each layer as it lands; every download is then joined, so a
+        // layer that fails its digest fails the conversion even if the build stopped
+        // reading it early.
+        // A failed build drops the downloads, which stops them; its error carries a
+        // download's own when that is what stopped it.
         let built = self.build(source, layers, work, &label).await?;
+        let (bytes, pull_seconds) = downloads.finish().await?;
+        self.progress
+            .pulled
+            .fetch_add(bytes.iter().sum(), Ordering::Relaxed);
+        self.time_seconds(|t| &mut t.pull, pull_seconds);
 
         self.progress.set_phase(format!("push {label}"));
         let t = Instant::now();
@@ -358,12 +376,12 @@ impl Job<'_> {
         Ok(converted)
     }
 
-    /// Builds the layers (deleting each once applied) into `work/image`, against the
-    /// chunk dictionary's bootstrap if one was asked for.
+    /// Builds the layers (each read as it downloads, deleted once applied) into
+    /// `work/image`, against the chunk dictionary's bootstrap if one was asked for.
     async fn build(
         &self,
         source: &PlatformImage,
-        layers: Vec<PathBuf>,
+        layers: Vec<LayerFile>,
         work: &Path,
         label: &str,
     ) -> Result<Built> {
@@ -394,11 +412,12 @@ impl Job<'_> {
         let summary = tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
             let mut builder = Builder::new(&out, opts)?;
             for layer in &layers {
-                let f = std::fs::File::open(layer)
-                    .map_err(|e| rafs_format::Error::io("open layer", layer, e))?;
+                let f = layer
+                    .follow()
+                    .map_err(|e| rafs_format::Error::io("open layer", &layer.path, e))?;
                 builder.add_layer(std::io::BufReader::with_capacity(1 << 20, f))?;
                 // The layer is in the chunk store now; free the disk early.
-                let _ = std::fs::remove_file(layer);
+                let _ = std::fs::remove_file(&layer.path);
             }
             builder.finish()
         })
@@ -594,22 +613,14 @@ async fn pull_config(client: &RegistryClient, source: &PlatformImage) -> Result<
     Ok(config)
 }
 
-/// Downloads every layer into `work/layers/`, a few at once; returns their paths in
-/// layer order.
-pub(crate) async fn pull_layers(
+/// Starts downloading every layer (tar layers only) into `work/layers/`, a few at once.
+fn start_downloads(
     client: &Arc<RegistryClient>,
     source: &PlatformImage,
     work: &Path,
     progress: &ConvertProgress,
-) -> Result<Vec<PathBuf>> {
-    let dir = work.join("layers");
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+) -> Result<Downloads> {
     let layers = source.manifest.layers();
-    progress
-        .pull_total
-        .fetch_add(layers.iter().map(|l| l.size()).sum(), Ordering::Relaxed);
-    let mut paths = Vec::with_capacity(layers.len());
-    let mut tasks: JoinSet<Result<u64>> = JoinSet::new();
     for (i, layer) in layers.iter().enumerate() {
         let media_type = layer.media_type().to_string();
         if !media_type.contains("tar") {
@@ -618,38 +629,28 @@ pub(crate) async fn pull_layers(
                 format!("layer {i} has media type {media_type}, not a tar layer"),
             ));
         }
-        let path = dir.join(format!("{i:04}"));
-        paths.push(path.clone());
-        while tasks.len() >= PULL_CONCURRENCY {
-            if let Some(done) = tasks.join_next().await {
-                progress
-                    .pulled
-                    .fetch_add(flatten(done, &source.reference)?, Ordering::Relaxed);
-            }
-        }
-        let client = client.clone();
-        let reference = source.reference.clone();
-        let digest = layer.digest().to_string();
-        tasks.spawn(async move {
-            let mut f = tokio::fs::File::create(&path)
-                .await
-                .map_err(|e| Error::io("create", &path, e))?;
-            client.blob(&reference, &digest, &mut f).await
-        });
     }
-    while let Some(done) = tasks.join_next().await {
-        progress
-            .pulled
-            .fetch_add(flatten(done, &source.reference)?, Ordering::Relaxed);
-    }
-    Ok(paths)
+    progress
+        .pull_total
+        .fetch_add(layers.iter().map(|l| l.size()).sum(), Ordering::Relaxed);
+    Downloads::start(client, source, &work.join("layers"), PULL_CONCURRENCY)
 }
 
-fn flatten(
-    done: std::result::Result<Result<u64>, tokio::task::JoinError>,
-    r: &Reference,
-) -> Result<u64> {
-    done.map_err(|e| internal(r, format!("download task: {e}")))?
+/// Downloads every layer into `work/layers/`, a few at once; returns their paths in
+/// layer order once all are complete and verified.
+pub(crate) async fn pull_layers(
+    client: &Arc<RegistryClient>,
+    source: &PlatformImage,
+    work: &Path,
+    progress: &ConvertProgress,
+) -> Result<Vec<PathBuf>> {
+    let downloads = start_downloads(client, source, work, progress)?;
+    let paths = downloads.layers.iter().map(|l| l.path.clone()).collect();
+    let (bytes, _) = downloads.finish().await?;
+    progress
+        .pulled
+        .fetch_add(bytes.iter().sum(), Ordering::Relaxed);
+    Ok(paths)
 }
 
 /// Makes a chunk-dictionary blob present in DST: already there, mounted from the
