@@ -38,8 +38,8 @@ fn meta_of(path: &Path, md: &Metadata) -> Result<Meta> {
 /// Files opened ahead of the one being read, with the kernel told to read them
 /// (`POSIX_FADV_WILLNEED`): on a cold page cache the disk works while the build hashes
 /// and compresses. Bounded in files (descriptors) and bytes (page cache).
-const READ_AHEAD_FILES: usize = 64;
-const READ_AHEAD_BYTES: u64 = 64 << 20;
+const READ_AHEAD_FILES: usize = 256;
+const READ_AHEAD_BYTES: u64 = 128 << 20;
 
 /// A regular file found by the walk, read once the whole tree is known.
 struct FileToRead {
