@@ -18,7 +18,8 @@
 #    Wall time, MB/s of the tree's file bytes, CPU time (user + system: how much of the
 #    cores each used), peak RSS, output size, and "tessera build vs nydus-image create"
 #    (nydus's time / Tessera's) against the mission's >= 3x; and the same tree only read
-#    (find | xargs cat, page cache dropped too): the disk's floor under any builder.
+#    (find | xargs -P 8 cat, page cache dropped too): the disk's floor under any builder,
+#    with 8 reads in flight (one `cat` at a time leaves the disk idle between files).
 #    nydus-image comes from `make nydus-deps` (target/tools/nydus/bin, or
 #    TESSERA_NYDUS_BIN_DIR); without it the script stops. TESSERA_BENCH_NYDUS=off builds
 #    with Tessera alone and says so (bench-smoke: CI does not build nydus).
@@ -256,7 +257,7 @@ build() { # WHAT REP: one build of the tree into a fresh directory, measured
     mkdir -p "$out"
     drop_page_cache
     case $1 in
-    read) measure "$run" sh -c 'find "$1" -type f -print0 | xargs -0 cat >/dev/null' read "$TREE" \
+    read) measure "$run" sh -c 'find "$1" -type f -print0 | xargs -0 -P 8 -n 64 cat >/dev/null' read "$TREE" \
               2>"$run.log" ;;
     tessera) measure "$run" env TESSERA_CONFIG=/dev/null "$TESSERA" build --json \
                  --dir "$TREE" --out "$out" 2>"$run.log" ;;
@@ -268,7 +269,8 @@ build() { # WHAT REP: one build of the tree into a fresh directory, measured
     written "$out" >"$run.size"
     rm -rf "$out"
 }
-# "read": every file of the tree read and thrown away, the floor under any builder here.
+# "read": every file of the tree read and thrown away by 8 readers at once, the disk's
+# floor under any builder here.
 if [ "$NYDUS" = on ]; then builders="read tessera nydus"; else
     builders="read tessera"
     step "nydus-image: not run (TESSERA_BENCH_NYDUS=off)"

@@ -180,9 +180,9 @@ def build(r):
                  f"blake3 digests: its defaults). Ratio: nydus-image's time / this time "
                  f"(above 1: faster)")
     lines += ["", note + ".", "",
-              f"Reading the tree alone, measured the same way (every file `cat` to nowhere): "
-              f"{b['read_seconds']:.2f} s, {b['read_mb_per_s']:.0f} MB/s: the floor under "
-              f"either builder here."]
+              f"Reading the tree alone, measured the same way (every file `cat` to nowhere, "
+              f"8 readers at once): {b['read_seconds']:.2f} s, {b['read_mb_per_s']:.0f} MB/s: "
+              f"the disk's floor under either builder here."]
     if "skipped" in nydus:
         lines += ["", f"nydus-image: not run ({nydus['skipped']}); the mission's build target "
                       f"(>= {BUILD_VS_NYDUS:.0f}x nydus-image create's throughput on the same "
