@@ -8,36 +8,14 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+mod common;
+
+use common::{content, gzip, header};
 use rafs_format::builder::{BuildOptions, BuildSummary, Builder, ChunkDict};
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
-
-/// Bytes that compress like real files: text, noise and runs, from a seed.
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        match next() % 4 {
-            0 => out.extend(
-                (0..1500).flat_map(|i| format!("row {} of {seed}\n", i * 7 % 13).into_bytes()),
-            ),
-            1 => out.extend((0..30_000).map(|_| next() as u8)),
-            2 => out.extend(std::iter::repeat_n(0u8, (next() % 3000) as usize)),
-            _ => out.extend(std::iter::repeat_n(b'x', (next() % 5000) as usize)),
-        }
-    }
-    out.truncate(len);
-    out
-}
 
 /// The files of the test tree: (path, size, seed). Some repeat others' bytes (seed
 /// reuse: whole-file and chunk dedup), one is all zeros past its first MiB (holes), and
@@ -61,17 +39,6 @@ fn file_bytes(size: usize, seed: u64) -> Vec<u8> {
         data[1 << 20..].fill(0);
     }
     data
-}
-
-fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(kind);
-    h.set_mode(mode);
-    h.set_mtime(1_700_000_000);
-    h.set_uid(1000);
-    h.set_gid(100);
-    h.set_size(size);
-    h
 }
 
 /// The tree as two tar layers: the lower holds everything, the upper replaces one file
@@ -100,12 +67,6 @@ fn layers() -> Vec<Vec<u8>> {
         .append_data(&mut h, "alpha/.wh.small", std::io::empty())
         .unwrap();
     vec![lower.into_inner().unwrap(), upper.into_inner().unwrap()]
-}
-
-fn gzip(tar: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
-    e.write_all(tar).unwrap();
-    e.finish().unwrap()
 }
 
 /// The tree on disk, every file's mode and mtime fixed (uid and gid are the test's own,

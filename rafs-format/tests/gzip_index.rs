@@ -4,53 +4,15 @@
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
-use std::io::Write;
 use std::path::Path;
 
+mod common;
+
+use common::{content, gzip, header};
 use rafs_format::builder::{BuildOptions, Builder};
 use rafs_format::chunk::Compression;
 use rafs_format::image::{check, unpack_to_tar};
 use rafs_format::reader::{read_chunk, Bootstrap, LocalBlobs};
-
-/// Bytes that compress like real files: words, runs and noise.
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        match next() % 3 {
-            0 => out.extend(
-                (0..2000).flat_map(|i| format!("line {} of {seed}\n", i * 7 % 13).into_bytes()),
-            ),
-            1 => out.extend((0..20_000).map(|_| next() as u8)),
-            _ => out.extend(std::iter::repeat_n(b'x', (next() % 5000) as usize)),
-        }
-    }
-    out.truncate(len);
-    out
-}
-
-fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(kind);
-    h.set_mode(mode);
-    h.set_mtime(1_700_000_000);
-    h.set_uid(1000);
-    h.set_gid(100);
-    h.set_size(size);
-    h
-}
-
-fn gzip(tar: Vec<u8>) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
-    e.write_all(&tar).unwrap();
-    e.finish().unwrap()
-}
 
 /// A lower layer with big files (several checkpoints), small ones, a hardlink and an
 /// xattr; an upper one with a whiteout, an opaque directory and a replaced file.
@@ -105,8 +67,8 @@ fn layers() -> Vec<Vec<u8>> {
         .unwrap();
 
     vec![
-        gzip(lower.into_inner().unwrap()),
-        gzip(upper.into_inner().unwrap()),
+        gzip(&lower.into_inner().unwrap()),
+        gzip(&upper.into_inner().unwrap()),
     ]
 }
 
