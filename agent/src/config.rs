@@ -54,6 +54,10 @@ pub struct AgentConfig {
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
     pub snapshotter: SnapshotterConfig,
+    /// Serve containers/storage's additional layer store (Podman, Buildah, CRI-O) at
+    /// this directory: `additionallayerstores = ["PATH:ref"]` in `storage.conf`. Off
+    /// when unset.
+    pub store_root: Option<PathBuf>,
     pub cri: CriConfig,
     pub connections: ConnectionsConfig,
     #[serde(skip_serializing)]
@@ -476,6 +480,7 @@ impl Default for AgentConfig {
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
             snapshotter: SnapshotterConfig::default(),
+            store_root: None,
             cri: CriConfig::default(),
             connections: ConnectionsConfig::default(),
             registry: RegistryConfig::default(),
