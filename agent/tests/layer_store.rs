@@ -43,6 +43,18 @@ fn get(addr: &str, repo: &str, what: &str) -> Vec<u8> {
     out.stdout
 }
 
+/// The size of registry blob `digest` (zstd) decompressed, with `zstd`.
+fn zstd_size(registry: &Registry, digest: &str) -> u64 {
+    oci::require_tool("zstd");
+    let out = std::process::Command::new("zstd")
+        .args(["-dc", "--"])
+        .arg(registry.blob_path(digest))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "zstd -dc of {digest}");
+    out.stdout.len() as u64
+}
+
 fn not_found(path: &Path) {
     match std::fs::symlink_metadata(path) {
         Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{}: {e}", path.display()),
@@ -53,6 +65,50 @@ fn not_found(path: &Path) {
     }
 }
 
+/// A registry with `src/app:v1` (plain: busybox as `/bin/sh` and `/bin/cat`, then
+/// `data/hello` and 3 MiB of `data/big`) and `tessera/app:v1`, its conversion.
+struct Images {
+    registry: Registry,
+    /// The plain image and the converted one.
+    src: String,
+    dst: String,
+    big: Vec<u8>,
+}
+
+fn images(t: &Path) -> Images {
+    oci::require_tool("busybox");
+    let registry = Registry::start();
+    let layout = t.join("layout");
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let big = oci::pseudo_random(3 << 20, 11);
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[
+            // busybox runs the applet its name says.
+            vec![("bin/sh", busybox.clone()), ("bin/cat", busybox)],
+            vec![
+                ("data/hello", b"hello from the image\n".to_vec()),
+                ("data/big", big.clone()),
+            ],
+        ],
+        &["bin/sh", "bin/cat"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let (src, dst) = (
+        format!("{}/src/app:v1", registry.addr),
+        format!("{}/tessera/app:v1", registry.addr),
+    );
+    convert(t, &src, &dst, &[]);
+    Images {
+        registry,
+        src,
+        dst,
+        big,
+    }
+}
+
 #[test]
 fn serves_a_converted_image_and_says_not_here_for_the_rest() {
     oci::require_tool("curl");
@@ -60,25 +116,12 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
         .prefix("tals")
         .tempdir_in("/tmp")
         .unwrap();
-    let registry = Registry::start();
-    let layout = t.path().join("layout");
-    let big = oci::pseudo_random(3 << 20, 11);
-    build_files_image_with(
-        &layout,
-        "amd64",
-        &[
-            vec![("data/hello", b"hello from the image\n".to_vec())],
-            vec![("data/big", big.clone())],
-        ],
-        &[],
-        serde_json::json!({"Cmd": ["/bin/sh"]}),
-    );
-    registry.push_layout(&layout, oci::TAG, "src/app");
-    let (src, dst) = (
-        format!("{}/src/app:v1", registry.addr),
-        format!("{}/tessera/app:v1", registry.addr),
-    );
-    convert(t.path(), &src, &dst, &[]);
+    let Images {
+        registry,
+        src,
+        dst,
+        big,
+    } = images(t.path());
     let manifest: serde_json::Value =
         serde_json::from_slice(&get(&registry.addr, "tessera/app", "manifests/v1")).unwrap();
     let config_digest = manifest["config"]["digest"].as_str().unwrap();
@@ -115,10 +158,11 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
 
         let info: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("info")).unwrap()).unwrap();
-        let compression = if media_type == BOOTSTRAP_MEDIA_TYPE {
-            4
-        } else {
-            0
+        let (compression, diff_size) = match media_type {
+            // The bootstrap's size uncompressed, which its diff ID hashes.
+            BOOTSTRAP_MEDIA_TYPE => (4, zstd_size(&registry, digest)),
+            // Blobs are stored as they are.
+            _ => (0, size),
         };
         assert_eq!(
             info,
@@ -126,7 +170,7 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
                 "compressed-diff-digest": digest,
                 "compressed-size": size,
                 "diff-digest": diff_id,
-                "diff-size": -1,
+                "diff-size": diff_size,
                 "compression": compression,
             }),
             "info of layer {digest}"
@@ -199,4 +243,163 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
     assert!(!is_mounted(&root), "the store is unmounted at shutdown");
     let log = agent.log();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Debian's Podman 4.3 with storage, state and configuration of its own under `dir`
+/// (the layer store named in its `storage.conf`, the settings this machine needs:
+/// docs/research/podman-additional-layer-store.md §4). Dropped: its containers and
+/// images removed, whatever it left mounted under `dir` detached.
+struct Podman {
+    dir: std::path::PathBuf,
+}
+
+impl Podman {
+    fn new(dir: &Path, store: &Path) -> Podman {
+        assert!(
+            oci::tool_available("podman"),
+            "`podman` not found: run `make test-deps` (apt-get install podman)"
+        );
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        std::fs::write(
+            dir.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/storage\"\nrunroot = \"{0}/run\"\n\
+                 [storage.options]\nadditionallayerstores = [\"{1}:ref\"]\n",
+                dir.display(),
+                store.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\nnetns = \"none\"\n\
+                 default_ulimits = [\"nofile=16384:16384\", \"nproc=32768:32768\"]\n\
+                 [engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n\
+                 events_logfile_path = \"{0}/events.log\"\ntmp_dir = \"{0}/tmp\"\n\
+                 image_copy_tmp_dir = \"{0}/tmp\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("registries.conf"),
+            "unqualified-search-registries = []\n",
+        )
+        .unwrap();
+        Podman {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("podman")
+            .args(args)
+            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env(
+                "CONTAINERS_REGISTRIES_CONF",
+                self.dir.join("registries.conf"),
+            )
+            .output()
+            .unwrap()
+    }
+
+    /// `podman ARGS`' stdout, panicking with its stderr if it fails.
+    fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "podman {args:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "--all", "--force"]);
+        let _ = self.run(&["rmi", "--all", "--force"]);
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut inside: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|mp| Path::new(mp).starts_with(&self.dir))
+            .collect();
+        inside.sort_by_key(|mp| std::cmp::Reverse(mp.len()));
+        for mp in inside {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", mp])
+                .status();
+        }
+    }
+}
+
+/// The access log's blob GETs Podman made (its user agent is containers/image's), as
+/// the digests asked for.
+fn podman_blob_gets(registry: &Registry) -> Vec<String> {
+    std::fs::read_to_string(&registry.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("containers/") && l.contains("\"GET "))
+        .filter_map(|l| l.split("/blobs/").nth(1))
+        .filter_map(|rest| rest.split(' ').next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
+    let t = tempfile::Builder::new()
+        .prefix("talsp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let Images {
+        registry,
+        src,
+        dst,
+        big,
+    } = images(t.path());
+    let root = t.path().join("store");
+    let agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--no-p2p", "--prefetch", "none", "--store-root", s(&root)],
+    );
+    // Dropped before the agent: no container is left on the image's lazy mount.
+    let podman = Podman::new(&t.path().join("podman"), &root);
+
+    podman.ok(&["pull", "--tls-verify=false", &dst]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&get(&registry.addr, "tessera/app", "manifests/v1")).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap();
+    let gets = podman_blob_gets(&registry);
+    assert_eq!(
+        gets,
+        [config],
+        "Podman fetched the config and no layer; the agent's log:\n{}",
+        agent.log()
+    );
+
+    let hello = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n");
+    let read = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/big"]);
+    assert!(read == big, "the container reads data/big's exact bytes");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "running fetched no layer through Podman"
+    );
+
+    // The plain image is not in the store: Podman pulls its layers as usual.
+    podman.ok(&["pull", "--tls-verify=false", &src]);
+    assert!(
+        podman_blob_gets(&registry).len() > 2,
+        "the plain image's layers came from the registry"
+    );
+    let hello = podman.ok(&["run", "--rm", &src, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n");
+    drop(podman);
+    drop(agent);
 }

@@ -21,6 +21,7 @@ use crate::fs::handover::{Attach, Keeper};
 use crate::layer_store::{self, LayerStore, LazyMounts};
 use crate::registry::client::{ClientOptions, RegistryClient};
 use crate::registry::credentials::{default_auth_file, DockerConfig};
+use crate::registry::image::PlatformImage;
 use crate::snapshotter::remote::{BoxFuture, Remote};
 use crate::snapshotter::{self, Images, Snapshotter};
 use crate::{Error, Result};
@@ -275,6 +276,13 @@ impl LazyMounts for Arc<Agent> {
             self.mount_with(image, dir, None, ImageTree::default(), None, Attach::Mount)
                 .await
                 .map(|_| ())
+        })
+    }
+
+    fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let bootstrap = self.bootstrap_for(image, None).await?;
+            Ok(bootstrap.as_bytes().len() as u64)
         })
     }
 }

@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 use crate::registry::client::RegistryClient;
-use crate::registry::image::{self as registry_image, BLOB_ANNOTATION, BLOB_MEDIA_TYPE};
+use crate::registry::image::{
+    self as registry_image, PlatformImage, BLOB_ANNOTATION, BLOB_MEDIA_TYPE,
+};
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
 
@@ -53,6 +55,9 @@ pub trait LazyMounts: Send + Sync + std::fmt::Debug {
     fn registry_client(&self) -> &Arc<RegistryClient>;
     /// Mounts `image` (by digest) lazily at `dir`, an existing empty directory.
     fn mount<'a>(&'a self, image: &'a str, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
+    /// The size of `image`'s bootstrap uncompressed (what its diff ID hashes), fetched
+    /// and verified as for a mount (and kept for it).
+    fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>>;
 }
 
 /// How long a reference by tag is trusted to name the manifest it resolved to (a tag
@@ -325,6 +330,10 @@ impl LayerStore {
         // checking it: it comes from the config, verified against the manifest.
         let config = registry_image::fetch_config(client, &image).await?;
         let diff_ids = registry_image::diff_ids(&image, &config)?;
+        // Podman 4.3 fails to run an image with a layer of unknown size (`diff-size`
+        // -1): "size for layer … is unknown". A blob layer is stored uncompressed (its
+        // diff ID is its digest), the bootstrap's is the bootstrap's own size.
+        let bootstrap_size = self.mounts.bootstrap_size(&image).await?;
         let mut layers = Vec::new();
         for (layer, diff_id) in image.manifest.layers().iter().zip(&diff_ids) {
             let digest = layer.digest().to_string();
@@ -340,8 +349,13 @@ impl LayerStore {
                 // Not Tessera's: podman pulls it as usual.
                 continue;
             }
+            let uncompressed = match is_bootstrap {
+                true => bootstrap_size,
+                false => layer.size(),
+            };
+            let sizes = (layer.size(), uncompressed);
             layers.push(StoreLayer {
-                info: info_json(&digest, layer.size(), diff_id, compression_of(&media_type)),
+                info: info_json(&digest, sizes, diff_id, compression_of(&media_type)),
                 digest,
                 size: layer.size(),
                 bootstrap: is_bootstrap,
@@ -418,13 +432,13 @@ fn compression_of(media_type: &str) -> u8 {
 }
 
 /// The `info` file: the keys containers/storage's `Layer` reads, as the research
-/// found podman 4.3 to take them (`diff-size` unknown).
-fn info_json(digest: &str, size: u64, diff_id: &str, compression: u8) -> Vec<u8> {
+/// found podman 4.3 to take them; `sizes` are the layer's (compressed, uncompressed).
+fn info_json(digest: &str, sizes: (u64, u64), diff_id: &str, compression: u8) -> Vec<u8> {
     let mut info = serde_json::json!({
         "compressed-diff-digest": digest,
-        "compressed-size": size,
+        "compressed-size": sizes.0,
         "diff-digest": diff_id,
-        "diff-size": -1,
+        "diff-size": sizes.1,
         "compression": compression,
     })
     .to_string()
@@ -455,7 +469,7 @@ mod tests {
     fn info_has_the_keys_podman_reads() {
         let info = info_json(
             "sha256:aa",
-            42,
+            (42, 99),
             "sha256:bb",
             compression_of(registry_image::BOOTSTRAP_MEDIA_TYPE),
         );
@@ -463,7 +477,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"compressed-diff-digest": "sha256:aa", "compressed-size": 42,
-                "diff-digest": "sha256:bb", "diff-size": -1, "compression": 4})
+                "diff-digest": "sha256:bb", "diff-size": 99, "compression": 4})
         );
         assert_eq!(compression_of(BLOB_MEDIA_TYPE), COMPRESSION_NONE);
         assert_eq!(
