@@ -363,7 +363,7 @@ fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
         big,
     } = images(t.path());
     let root = t.path().join("store");
-    let agent = AgentProcess::start(
+    let mut agent = AgentProcess::start(
         &t.path().join("agent"),
         &["--no-p2p", "--prefetch", "none", "--store-root", s(&root)],
     );
@@ -390,6 +390,17 @@ fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
         podman_blob_gets(&registry),
         [config],
         "running fetched no layer through Podman"
+    );
+
+    // A restarted agent serves the image Podman pulled before: the store mounts its
+    // tree again when the container's overlay looks its `diff` up.
+    agent.restart();
+    let hello = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n", "after a restart");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "nothing pulled again"
     );
 
     // The plain image is not in the store: Podman pulls its layers as usual.
