@@ -233,6 +233,26 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
     not_found(&root.join(entry("Not A Reference")));
     not_found(&root.join(entry(&format!("{}/nothing/here:v1", registry.addr))));
 
+    // After a crash the next agent clears the store and the tree it left, and serves
+    // both again.
+    let bootstrap = layers
+        .iter()
+        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
+        .and_then(|l| l["digest"].as_str())
+        .unwrap();
+    agent.kill9();
+    agent.restart();
+    assert_eq!(
+        std::fs::read(image.join(bootstrap).join("diff/data/hello")).unwrap(),
+        b"hello from the image\n",
+        "after a crash and a restart"
+    );
+    let log = agent.log();
+    assert!(
+        log.matches("cleared a stale Tessera mount").count() >= 2,
+        "the store and the tree the crashed agent left are cleared:\n{log}"
+    );
+
     // SIGTERM: the store is unmounted with the agent's other mounts.
     let status = agent.signal_and_wait("TERM", Duration::from_secs(20));
     assert!(
