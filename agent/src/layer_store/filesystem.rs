@@ -129,28 +129,7 @@ struct StoreFs {
 
 impl StoreFs {
     fn attr(&self, ino: u64, kind: FileType, size: u64) -> FileAttr {
-        let (perm, nlink) = match kind {
-            FileType::Directory => (0o555, 2),
-            FileType::Symlink => (0o777, 1),
-            _ => (0o444, 1),
-        };
-        FileAttr {
-            ino,
-            size,
-            blocks: size.div_ceil(512),
-            atime: self.mounted_at,
-            mtime: self.mounted_at,
-            ctime: self.mounted_at,
-            crtime: self.mounted_at,
-            kind,
-            perm,
-            nlink,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            blksize: 128 * 1024,
-            flags: 0,
-        }
+        attr(self.mounted_at, ino, kind, size)
     }
 
     fn node(&self, ino: u64) -> std::result::Result<Node, c_int> {
@@ -179,21 +158,19 @@ impl StoreFs {
 
     /// A root entry: resolving the name may take the network.
     fn lookup_name(&self, name: &OsStr, reply: ReplyEntry) {
-        let entry = |fs_attr: FileAttr, reply: ReplyEntry| reply.entry(&NAME_TTL, &fs_attr, 0);
-        let dir = |image: &StoreImage, at: SystemTime| FileAttr {
-            ino: image.base,
-            ..dir_attr(at)
+        let entry = |image: &StoreImage, at: SystemTime, reply: ReplyEntry| {
+            reply.entry(&NAME_TTL, &attr(at, image.base, FileType::Directory, 0), 0)
         };
         if let Some(answer) = self.store.cached(name) {
             return match answer {
-                Some(image) => entry(dir(&image, self.mounted_at), reply),
+                Some(image) => entry(&image, self.mounted_at, reply),
                 None => reply.error(ENOENT),
             };
         }
         let (store, name, at) = (self.store.clone(), name.to_os_string(), self.mounted_at);
         self.runtime.spawn(async move {
             match store.resolve(&name).await {
-                Some(image) => entry(dir(&image, at), reply),
+                Some(image) => entry(&image, at, reply),
                 None => reply.error(ENOENT),
             }
         });
@@ -220,15 +197,8 @@ impl StoreFs {
         self.runtime.spawn(async move {
             match store.mount_tree(&image).await {
                 Ok(tree) => {
-                    let attr = FileAttr {
-                        ino,
-                        kind: FileType::Symlink,
-                        perm: 0o777,
-                        nlink: 1,
-                        size: tree.as_os_str().len() as u64,
-                        ..dir_attr(at)
-                    };
-                    reply.entry(&TTL, &attr, 0);
+                    let size = tree.as_os_str().len() as u64;
+                    reply.entry(&TTL, &attr(at, ino, FileType::Symlink, size), 0);
                 }
                 Err(e) => {
                     tracing::error!(image = %image.reference(), error = %e, "layer store: could not mount an image's tree; its bootstrap layer's diff fails with EIO");
@@ -238,7 +208,7 @@ impl StoreFs {
         });
     }
 
-    /// A directory's entries from `offset` on: (inode, kind, name).
+    /// A directory's entries: (inode, kind, name).
     fn entries(
         &self,
         ino: u64,
@@ -274,19 +244,25 @@ impl StoreFs {
     }
 }
 
-/// A directory's attributes (inode number left to fill).
-fn dir_attr(at: SystemTime) -> FileAttr {
+/// The attributes of inode `ino`: everything belongs to root and is read-only, and
+/// its times are the mount's.
+fn attr(at: SystemTime, ino: u64, kind: FileType, size: u64) -> FileAttr {
+    let (perm, nlink) = match kind {
+        FileType::Directory => (0o555, 2),
+        FileType::Symlink => (0o777, 1),
+        _ => (0o444, 1),
+    };
     FileAttr {
-        ino: 0,
-        size: 0,
-        blocks: 0,
+        ino,
+        size,
+        blocks: size.div_ceil(512),
         atime: at,
         mtime: at,
         ctime: at,
         crtime: at,
-        kind: FileType::Directory,
-        perm: 0o555,
-        nlink: 2,
+        kind,
+        perm,
+        nlink,
         uid: 0,
         gid: 0,
         rdev: 0,
