@@ -240,6 +240,27 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
         .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
         .and_then(|l| l["digest"].as_str())
         .unwrap();
+    // A tree unmounted behind the store's back (`tessera umount`) is never shown as
+    // its empty mount point: the `diff` fails (EIO) while it is mounted again.
+    let hello = image.join(bootstrap).join("diff/data/hello");
+    let tree = std::fs::read_link(image.join(bootstrap).join("diff")).unwrap();
+    agent.ok(&["umount", s(&tree)]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read(&hello) {
+            Ok(bytes) => break assert_eq!(bytes, b"hello from the image\n"),
+            Err(e) => assert_ne!(e.kind(), ErrorKind::NotFound, "an empty tree: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tree was not mounted again:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mounted = agent.log().matches("mounted an image's tree").count();
+    assert_eq!(mounted, 2, "the tree was mounted again:\n{}", agent.log());
+
     agent.kill9();
     agent.restart();
     assert_eq!(

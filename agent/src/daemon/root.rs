@@ -279,6 +279,13 @@ impl LazyMounts for Arc<Agent> {
         })
     }
 
+    fn serves(&self, dir: &Path) -> bool {
+        self.mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(dir)
+    }
+
     fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
             let bootstrap = self.bootstrap_for(image, None).await?;

@@ -189,7 +189,7 @@ impl StoreFs {
         };
         let ino = image.file_ino(i, file);
         let needs_tree = file == LayerFile::Diff && image.layers()[i].is_bootstrap();
-        if !needs_tree || image.tree().is_some() {
+        if !needs_tree || image.tree().is_some_and(|t| self.store.serves(t)) {
             let attr = self.attr_of(ino, &Node::File(image.clone(), i, file));
             return reply.entry(&TTL, &attr, 0);
         }
@@ -307,9 +307,18 @@ impl Filesystem for StoreFs {
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
         match self.node(ino) {
             Ok(Node::File(image, _, LayerFile::Diff)) => match image.tree() {
-                Some(tree) => reply.data(tree.as_os_str().as_bytes()),
-                // Only a lookup hands out this inode, and it mounts the tree first.
-                None => reply.error(EIO),
+                Some(tree) if self.store.serves(tree) => reply.data(tree.as_os_str().as_bytes()),
+                // Unmounted behind our back (the kernel still has the entry): never
+                // the empty mount point. Mounted again for the next try.
+                _ => {
+                    let store = self.store.clone();
+                    self.runtime.spawn(async move {
+                        if let Err(e) = store.mount_tree(&image).await {
+                            tracing::error!(image = %image.reference(), error = %e, "layer store: could not mount an image's tree again");
+                        }
+                    });
+                    reply.error(EIO)
+                }
             },
             Ok(_) => reply.error(EINVAL),
             Err(e) => reply.error(e),

@@ -55,6 +55,9 @@ pub trait LazyMounts: Send + Sync + std::fmt::Debug {
     fn registry_client(&self) -> &Arc<RegistryClient>;
     /// Mounts `image` (by digest) lazily at `dir`, an existing empty directory.
     fn mount<'a>(&'a self, image: &'a str, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
+    /// Whether an image is mounted at `dir` (canonical) now: someone may have
+    /// unmounted it (`tessera umount`). Called on the session thread: no waiting.
+    fn serves(&self, dir: &Path) -> bool;
     /// The size of `image`'s bootstrap uncompressed (what its diff ID hashes), fetched
     /// and verified as for a mount (and kept for it).
     fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>>;
@@ -91,7 +94,7 @@ struct Table {
     /// By the first inode number of each image's block (see [`StoreImage::base`]).
     by_base: BTreeMap<u64, Arc<StoreImage>>,
     /// The lazy mount of each manifest's tree, shared by every name resolving to it.
-    trees: HashMap<String, Arc<tokio::sync::OnceCell<PathBuf>>>,
+    trees: HashMap<String, Arc<Tree>>,
     /// The next free inode number (1 is the root).
     next: u64,
 }
@@ -124,8 +127,17 @@ pub struct StoreImage {
     /// Looked up by digest: the answer never goes stale (a tag can move).
     by_digest: bool,
     layers: Vec<StoreLayer>,
-    /// Where the tree is mounted, once it is.
-    tree: Arc<tokio::sync::OnceCell<PathBuf>>,
+    /// The lazy mount of its tree.
+    tree: Arc<Tree>,
+}
+
+/// Where an image's tree is mounted.
+#[derive(Debug, Default)]
+struct Tree {
+    /// The mount point (canonical), once mounted: always the same directory.
+    dir: std::sync::OnceLock<PathBuf>,
+    /// One mount at a time (lookups of the same `diff` arrive together).
+    mounting: tokio::sync::Mutex<()>,
 }
 
 /// A layer of a Tessera image.
@@ -195,9 +207,9 @@ impl StoreImage {
         &self.reference
     }
 
-    /// Where the tree is mounted, if it is.
+    /// Where the tree was mounted, if it was (see [`LayerStore::serves`]).
     pub(crate) fn tree(&self) -> Option<&PathBuf> {
-        self.tree.get()
+        self.tree.dir.get()
     }
 
     fn inodes(&self) -> u64 {
@@ -370,21 +382,27 @@ impl LayerStore {
     }
 
     /// The image's tree, mounted on first need (one mount per manifest, kept for the
-    /// agent's life); its path.
+    /// agent's life, mounted again if it went away); its path.
     pub(crate) async fn mount_tree(&self, image: &StoreImage) -> Result<PathBuf> {
+        let _turn = image.tree.mounting.lock().await;
+        if let Some(dir) = image.tree().filter(|dir| self.serves(dir)) {
+            return Ok(dir.clone());
+        }
         let dir = self.trees_dir.join(image.manifest.replace(':', "-"));
-        image
-            .tree
-            .get_or_try_init(|| async {
-                std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
-                self.mounts
-                    .mount(&image.reference.to_string(), &dir)
-                    .await?;
-                tracing::info!(image = %image.reference, tree = %dir.display(), "layer store: mounted an image's tree");
-                Ok(dir.clone())
-            })
-            .await
-            .cloned()
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+        let dir = dir
+            .canonicalize()
+            .map_err(|e| Error::io("resolve", &dir, e))?;
+        self.mounts
+            .mount(&image.reference.to_string(), &dir)
+            .await?;
+        tracing::info!(image = %image.reference, tree = %dir.display(), "layer store: mounted an image's tree");
+        Ok(image.tree.dir.get_or_init(|| dir).clone())
+    }
+
+    /// Whether the tree at `dir` is mounted now.
+    pub(crate) fn serves(&self, dir: &Path) -> bool {
+        self.mounts.serves(dir)
     }
 }
 
