@@ -54,6 +54,10 @@ pub struct AgentConfig {
     pub p2p: P2pConfig,
     pub mirror: MirrorConfig,
     pub snapshotter: SnapshotterConfig,
+    /// Serve containers/storage's additional layer store (Podman, Buildah, CRI-O) at
+    /// this directory: `additionallayerstores = ["PATH:ref"]` in `storage.conf`. Off
+    /// when unset.
+    pub store_root: Option<PathBuf>,
     pub cri: CriConfig,
     pub connections: ConnectionsConfig,
     #[serde(skip_serializing)]
@@ -476,6 +480,7 @@ impl Default for AgentConfig {
             p2p: P2pConfig::default(),
             mirror: MirrorConfig::default(),
             snapshotter: SnapshotterConfig::default(),
+            store_root: None,
             cri: CriConfig::default(),
             connections: ConnectionsConfig::default(),
             registry: RegistryConfig::default(),
@@ -518,6 +523,12 @@ impl AgentConfig {
         }
         if self.api_tls_cert.is_some() != self.api_tls_key.is_some() {
             problems.push("api_tls_cert, api_tls_key: set both or neither".to_string());
+        }
+        if let Some(root) = self.store_root.as_ref().filter(|r| !r.is_absolute()) {
+            problems.push(format!(
+                "store_root: {} is not an absolute path (storage.conf's additionallayerstores must name it so)",
+                root.display()
+            ));
         }
         let c = &self.connections;
         if c.idle_timeout_secs == 0 || c.max_age_secs == 0 || c.streams_per_connection == 0 {
@@ -647,6 +658,7 @@ mod tests {
             cache_disk_high_percent: 80,
             cache_disk_low_percent: 85,
             api_listen: Some("nope".into()),
+            store_root: Some("var/lib/tessera/store".into()),
             fetch: FetchConfig {
                 workers: 0,
                 ..FetchConfig::default()
@@ -660,6 +672,7 @@ mod tests {
             "api_listen: the TCP",
             "api_listen: \"nope\"",
             "fetch.workers",
+            "store_root",
         ] {
             assert!(
                 problems.iter().any(|p| p.starts_with(key)),

@@ -8,6 +8,8 @@
 //!   peers → origin), the verified chunk [`cache`], peer-to-peer ([`peer`]), the local
 //!   [`api`] and the [`config`].
 //! - [`containerd`]: containerd's hosts files pointing at the agent's mirror.
+//! - [`layer_store`]: the additional layer store Podman and CRI-O look Tessera images
+//!   up in (`--store-root`).
 //! - [`pull`]: `tessera pull`, a Tessera image into containerd for its snapshotter,
 //!   without the CRI plugin.
 //!
@@ -25,6 +27,7 @@ pub mod fetch;
 pub mod fs;
 pub mod fuzzing;
 pub mod index;
+pub mod layer_store;
 pub mod mirror;
 pub mod peer;
 pub mod pull;

@@ -128,6 +128,10 @@ pub struct AgentArgs {
     /// The snapshotter's state: metadata, layers, containers' writable layers.
     #[arg(long, env = "TESSERA_SNAPSHOTTER_ROOT", value_name = "DIR")]
     snapshotter_root: Option<PathBuf>,
+    /// Serve Podman's and CRI-O's additional layer store at this directory (a FUSE
+    /// mount; `additionallayerstores = ["PATH:ref"]` in containers' `storage.conf`).
+    #[arg(long, env = "TESSERA_STORE_ROOT", value_name = "PATH")]
+    store_root: Option<PathBuf>,
     /// Serve CRI's image service on this unix socket, in front of containerd's: point
     /// the kubelet's `--image-service-endpoint` at it, and the credentials of its pulls
     /// (pods' `imagePullSecrets`) reach the agent's lazy mounts (kept in memory only).
@@ -213,6 +217,9 @@ impl AgentArgs {
         }
         if let Some(v) = &self.snapshotter_root {
             c.snapshotter.root = v.clone();
+        }
+        if let Some(v) = &self.store_root {
+            c.store_root = Some(v.clone());
         }
         if let Some(v) = &self.cri_listen {
             c.cri.listen = Some(v.clone());

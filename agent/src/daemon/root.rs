@@ -18,8 +18,10 @@ use super::{local_api, serve_metrics, Agent};
 use crate::config::AgentConfig;
 use crate::cri::{self, CriProxy};
 use crate::fs::handover::{Attach, Keeper};
+use crate::layer_store::{self, LayerStore, LazyMounts};
 use crate::registry::client::{ClientOptions, RegistryClient};
 use crate::registry::credentials::{default_auth_file, DockerConfig};
+use crate::registry::image::PlatformImage;
 use crate::snapshotter::remote::{BoxFuture, Remote};
 use crate::snapshotter::{self, Images, Snapshotter};
 use crate::{Error, Result};
@@ -98,6 +100,12 @@ pub async fn run(
     listeners.check(&config)?;
     let client = node_client(&config)?;
     let agent = Agent::start(config.clone(), client, listeners.peer)?;
+    // Before the API's socket accepts (the agent's readiness signal): Podman finds
+    // the store mounted once the agent is ready.
+    let store = match &config.store_root {
+        Some(root) => Some(serve_layer_store(&agent, root)?),
+        None => None,
+    };
     let mut servers = tokio::task::JoinSet::new();
     let limits = agent.connections();
     servers.spawn(local_api::serve_unix(
@@ -122,7 +130,7 @@ pub async fn run(
     let cri_proxy = match &config.cri.listen {
         Some(_) => Some(Arc::new(CriProxy::new(
             &config.cri.containerd,
-            agent.registry_client().clone(),
+            Agent::registry_client(&agent).clone(),
             config.cri.credentials_file.as_deref(),
         )?)),
         None => None,
@@ -182,6 +190,10 @@ pub async fn run(
         grace.as_secs()
     );
     servers.abort_all();
+    // No new lookups: the images' trees are the agent's mounts, unmounted below.
+    if let Some(store) = store {
+        store.unmount();
+    }
     agent.finish_reads(grace).await;
     agent.shutdown().await;
     let _ = std::fs::remove_file(&config.socket);
@@ -242,6 +254,44 @@ async fn start_snapshotter(agent: &Arc<Agent>, root: &Path) -> Result<Arc<Snapsh
     let snapshotter = Snapshotter::open(root, Some(remote))?;
     snapshotter.restore().await?;
     Ok(snapshotter)
+}
+
+/// Mounts the additional layer store at `root`, mounting images' trees under the
+/// cache directory (`layer-store/<manifest digest>`) through the agent.
+fn serve_layer_store(agent: &Arc<Agent>, root: &Path) -> Result<layer_store::Served> {
+    let trees = agent.config.cache_dir.join("layer-store");
+    let store = Arc::new(LayerStore::new(Box::new(agent.clone()), trees));
+    let fsname = format!("{}layer-store", super::stale::source_prefix(&agent.owner));
+    layer_store::serve(store, root, fsname)
+}
+
+/// The layer store mounts Tessera images' trees through the agent.
+impl LazyMounts for Arc<Agent> {
+    fn registry_client(&self) -> &Arc<RegistryClient> {
+        Agent::registry_client(self)
+    }
+
+    fn mount<'a>(&'a self, image: &'a str, dir: &'a Path) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.mount_with(image, dir, None, ImageTree::default(), None, Attach::Mount)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn serves(&self, dir: &Path) -> bool {
+        self.mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(dir)
+    }
+
+    fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let bootstrap = self.bootstrap_for(image, None).await?;
+            Ok(bootstrap.as_bytes().len() as u64)
+        })
+    }
 }
 
 /// The snapshotter mounts Tessera layers through the agent.

@@ -29,7 +29,7 @@
 //! [`Bootstrap`]: rafs_format::reader::Bootstrap
 
 mod attr;
-mod errno;
+pub(crate) mod errno;
 mod filesystem;
 pub mod handover;
 pub mod mount_table;

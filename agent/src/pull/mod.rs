@@ -32,9 +32,6 @@ use crate::snapshotter::TARGET_LABEL;
 use crate::{Error, Result};
 use client::{Containerd, Prepared};
 
-/// The largest image config read (configs are a few KiB; this bounds a hostile one).
-const MAX_CONFIG: u64 = 16 << 20;
-
 /// Where and how to pull.
 #[derive(Debug, Clone)]
 pub struct PullOptions {
@@ -116,7 +113,7 @@ pub async fn pull(
 ) -> Result<PullSummary> {
     let mut containerd = Containerd::connect(&opts.address, &opts.namespace).await?;
     let image = registry_image::resolve_platform(registry, reference, &opts.platform).await?;
-    let config = fetch_config(registry, &image).await?;
+    let config = registry_image::fetch_config(registry, &image).await?;
     let diff_ids = registry_image::diff_ids(&image, &config)?;
     let chain = chain_ids(&diff_ids);
     let top = chain.last().cloned().ok_or_else(|| Error::Protocol {
@@ -283,35 +280,6 @@ impl Work<'_> {
             }
         }
     }
-}
-
-/// The image's config blob, verified (digest and size).
-async fn fetch_config(registry: &RegistryClient, image: &PlatformImage) -> Result<Vec<u8>> {
-    let desc = image.manifest.config();
-    let digest = desc.digest().to_string();
-    let protocol = |reason: String| Error::Protocol {
-        registry: image.reference.registry.clone(),
-        repository: image.reference.repository.clone(),
-        what: format!("config {digest}"),
-        reason,
-    };
-    if desc.size() > MAX_CONFIG {
-        return Err(protocol(format!(
-            "{} bytes, more than the {MAX_CONFIG} an image config may have here",
-            desc.size()
-        )));
-    }
-    let mut config = Vec::with_capacity(desc.size() as usize);
-    let len = registry
-        .blob(&image.reference, &digest, &mut config)
-        .await?;
-    if len != desc.size() {
-        return Err(protocol(format!(
-            "{len} bytes where the manifest says {}",
-            desc.size()
-        )));
-    }
-    Ok(config)
 }
 
 /// The layers' chain IDs (OCI image spec, "ChainID"): the first layer's is its diff

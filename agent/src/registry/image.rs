@@ -256,6 +256,38 @@ pub fn diff_ids(image: &PlatformImage, config: &[u8]) -> Result<Vec<String>> {
     Ok(ids)
 }
 
+/// The largest image config read (configs are a few KiB; this bounds a hostile one).
+pub const MAX_CONFIG: u64 = 16 << 20;
+
+/// The image's config blob, verified (digest and size).
+pub async fn fetch_config(registry: &RegistryClient, image: &PlatformImage) -> Result<Vec<u8>> {
+    let desc = image.manifest.config();
+    let digest = desc.digest().to_string();
+    let protocol = |reason: String| Error::Protocol {
+        registry: image.reference.registry.clone(),
+        repository: image.reference.repository.clone(),
+        what: format!("config {digest}"),
+        reason,
+    };
+    if desc.size() > MAX_CONFIG {
+        return Err(protocol(format!(
+            "{} bytes, more than the {MAX_CONFIG} an image config may have here",
+            desc.size()
+        )));
+    }
+    let mut config = Vec::with_capacity(desc.size() as usize);
+    let len = registry
+        .blob(&image.reference, &digest, &mut config)
+        .await?;
+    if len != desc.size() {
+        return Err(protocol(format!(
+            "{len} bytes where the manifest says {}",
+            desc.size()
+        )));
+    }
+    Ok(config)
+}
+
 /// `sha256:` and 64 lowercase hex digits.
 pub fn is_sha256_digest(digest: &str) -> bool {
     digest.strip_prefix("sha256:").is_some_and(|hex| {

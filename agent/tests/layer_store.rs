@@ -1,0 +1,457 @@
+//! The additional layer store (`tessera agent --store-root`), as containers/storage
+//! sees it through the filesystem: a real registry, an image converted with `tessera
+//! convert`, the agent daemon serving the store, and `std::fs` doing what Podman 4.3
+//! does (docs/research/podman-additional-layer-store.md).
+//!
+//! Needs fuse3, docker-registry, tar, gzip and curl (`make test-deps`); runs as root.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::io::ErrorKind;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine;
+use sha2::Digest;
+use support::agent::{is_mounted, AgentProcess};
+use support::oci::{self, build_files_image_with};
+use support::registry::Registry;
+use support::{convert, s};
+
+const BOOTSTRAP_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.tessera.bootstrap.v1+zstd";
+const BLOB_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.tessera.blob.v1";
+
+/// The store's entry name of an image reference: Go's padded standard base64.
+fn entry(reference: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(reference)
+}
+
+/// `GET http://{addr}/v2/{repo}/{what}` (a manifest or a blob) with curl.
+fn get(addr: &str, repo: &str, what: &str) -> Vec<u8> {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            "-H",
+            "Accept: application/vnd.oci.image.manifest.v1+json",
+        ])
+        .arg(format!("http://{addr}/v2/{repo}/{what}"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "curl {repo}/{what} failed");
+    out.stdout
+}
+
+/// The size of registry blob `digest` (zstd) decompressed, with `zstd`.
+fn zstd_size(registry: &Registry, digest: &str) -> u64 {
+    oci::require_tool("zstd");
+    let out = std::process::Command::new("zstd")
+        .args(["-dc", "--"])
+        .arg(registry.blob_path(digest))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "zstd -dc of {digest}");
+    out.stdout.len() as u64
+}
+
+fn not_found(path: &Path) {
+    match std::fs::symlink_metadata(path) {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{}: {e}", path.display()),
+        Ok(_) => panic!(
+            "{} exists; the store should say \"not here\"",
+            path.display()
+        ),
+    }
+}
+
+/// A registry with `src/app:v1` (plain: busybox as `/bin/sh` and `/bin/cat`, then
+/// `data/hello` and 3 MiB of `data/big`) and `tessera/app:v1`, its conversion.
+struct Images {
+    registry: Registry,
+    /// The plain image and the converted one.
+    src: String,
+    dst: String,
+    big: Vec<u8>,
+}
+
+fn images(t: &Path) -> Images {
+    oci::require_tool("busybox");
+    let registry = Registry::start();
+    let layout = t.join("layout");
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let big = oci::pseudo_random(3 << 20, 11);
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[
+            // busybox runs the applet its name says.
+            vec![("bin/sh", busybox.clone()), ("bin/cat", busybox)],
+            vec![
+                ("data/hello", b"hello from the image\n".to_vec()),
+                ("data/big", big.clone()),
+            ],
+        ],
+        &["bin/sh", "bin/cat"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let (src, dst) = (
+        format!("{}/src/app:v1", registry.addr),
+        format!("{}/tessera/app:v1", registry.addr),
+    );
+    convert(t, &src, &dst, &[]);
+    Images {
+        registry,
+        src,
+        dst,
+        big,
+    }
+}
+
+#[test]
+fn serves_a_converted_image_and_says_not_here_for_the_rest() {
+    oci::require_tool("curl");
+    let t = tempfile::Builder::new()
+        .prefix("tals")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let Images {
+        registry,
+        src,
+        dst,
+        big,
+    } = images(t.path());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&get(&registry.addr, "tessera/app", "manifests/v1")).unwrap();
+    let config_digest = manifest["config"]["digest"].as_str().unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&get(
+        &registry.addr,
+        "tessera/app",
+        &format!("blobs/{config_digest}"),
+    ))
+    .unwrap();
+    let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+
+    let root = t.path().join("store");
+    let mut agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--no-p2p", "--prefetch", "none", "--store-root", s(&root)],
+    );
+    assert!(
+        is_mounted(&root),
+        "the store is mounted once the agent is ready"
+    );
+
+    let image = root.join(entry(&dst));
+    assert!(
+        std::fs::metadata(&image).unwrap().is_dir(),
+        "the converted image's directory"
+    );
+    let mut blob_layers = 0;
+    for (layer, diff_id) in layers.iter().zip(diff_ids) {
+        let digest = layer["digest"].as_str().unwrap();
+        let size = layer["size"].as_u64().unwrap();
+        let media_type = layer["mediaType"].as_str().unwrap();
+        let dir = image.join(digest);
+
+        let info: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("info")).unwrap()).unwrap();
+        let (compression, diff_size) = match media_type {
+            // The bootstrap's size uncompressed, which its diff ID hashes.
+            BOOTSTRAP_MEDIA_TYPE => (4, zstd_size(&registry, digest)),
+            // Blobs are stored as they are.
+            _ => (0, size),
+        };
+        assert_eq!(
+            info,
+            serde_json::json!({
+                "compressed-diff-digest": digest,
+                "compressed-size": size,
+                "diff-digest": diff_id,
+                "diff-size": diff_size,
+                "compression": compression,
+            }),
+            "info of layer {digest}"
+        );
+        assert_eq!(std::fs::metadata(dir.join("blob")).unwrap().len(), size);
+
+        let diff = dir.join("diff");
+        match media_type {
+            BOOTSTRAP_MEDIA_TYPE => {
+                let link = std::fs::symlink_metadata(&diff).unwrap();
+                assert!(
+                    link.file_type().is_symlink(),
+                    "the bootstrap layer's diff is a symlink"
+                );
+                assert_eq!(
+                    std::fs::read(diff.join("data/hello")).unwrap(),
+                    b"hello from the image\n"
+                );
+                assert!(std::fs::read(diff.join("data/big")).unwrap() == big);
+                // `blob` reads the layer's bytes from the registry.
+                let blob = std::fs::read(dir.join("blob")).unwrap();
+                let sum = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&blob)));
+                assert_eq!(sum, digest, "the bootstrap layer's blob reads its bytes");
+            }
+            BLOB_MEDIA_TYPE => {
+                blob_layers += 1;
+                assert!(std::fs::metadata(&diff).unwrap().is_dir());
+                assert_eq!(
+                    std::fs::read_dir(&diff).unwrap().count(),
+                    0,
+                    "a blob layer's diff is empty"
+                );
+            }
+            other => panic!("a converted image has no {other} layer"),
+        }
+
+        // containers/storage's `use` notification and release answer ENOENT.
+        let created = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("use"));
+        assert_eq!(created.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            std::fs::remove_dir(&dir).unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
+        assert!(dir.join("info").exists(), "the layer is still there");
+    }
+    assert!(blob_layers > 0, "the converted image has blob layers");
+
+    // "Not here": a layer the manifest does not have, the plain image, a name that is
+    // not base64, nor a reference, an image the registry does not have.
+    let absent = format!("sha256:{}", "0".repeat(64));
+    not_found(&image.join(absent).join("diff"));
+    not_found(&root.join(entry(&src)));
+    not_found(&root.join(entry(&src)).join("anything"));
+    not_found(&root.join("not base64!"));
+    not_found(&root.join(entry("Not A Reference")));
+    not_found(&root.join(entry(&format!("{}/nothing/here:v1", registry.addr))));
+
+    // After a crash the next agent clears the store and the tree it left, and serves
+    // both again.
+    let bootstrap = layers
+        .iter()
+        .find(|l| l["mediaType"] == BOOTSTRAP_MEDIA_TYPE)
+        .and_then(|l| l["digest"].as_str())
+        .unwrap();
+    // A tree unmounted behind the store's back (`tessera umount`) is never shown as
+    // its empty mount point: the `diff` fails (EIO) while it is mounted again.
+    let hello = image.join(bootstrap).join("diff/data/hello");
+    let tree = std::fs::read_link(image.join(bootstrap).join("diff")).unwrap();
+    agent.ok(&["umount", s(&tree)]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read(&hello) {
+            Ok(bytes) => break assert_eq!(bytes, b"hello from the image\n"),
+            Err(e) => assert_ne!(e.kind(), ErrorKind::NotFound, "an empty tree: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tree was not mounted again:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mounted = agent.log().matches("mounted an image's tree").count();
+    assert_eq!(mounted, 2, "the tree was mounted again:\n{}", agent.log());
+
+    agent.kill9();
+    agent.restart();
+    assert_eq!(
+        std::fs::read(image.join(bootstrap).join("diff/data/hello")).unwrap(),
+        b"hello from the image\n",
+        "after a crash and a restart"
+    );
+    let log = agent.log();
+    assert!(
+        log.matches("cleared a stale Tessera mount").count() >= 2,
+        "the store and the tree the crashed agent left are cleared:\n{log}"
+    );
+
+    // SIGTERM: the store is unmounted with the agent's other mounts.
+    let status = agent.signal_and_wait("TERM", Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "agent exit: {status:?}\n{}",
+        agent.log()
+    );
+    assert!(!is_mounted(&root), "the store is unmounted at shutdown");
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Debian's Podman 4.3 with storage, state and configuration of its own under `dir`
+/// (the layer store named in its `storage.conf`, the settings this machine needs:
+/// docs/research/podman-additional-layer-store.md §4). Dropped: its containers and
+/// images removed, whatever it left mounted under `dir` detached.
+struct Podman {
+    dir: std::path::PathBuf,
+}
+
+impl Podman {
+    fn new(dir: &Path, store: &Path) -> Podman {
+        assert!(
+            oci::tool_available("podman"),
+            "`podman` not found: run `make test-deps` (apt-get install podman)"
+        );
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        std::fs::write(
+            dir.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/storage\"\nrunroot = \"{0}/run\"\n\
+                 [storage.options]\nadditionallayerstores = [\"{1}:ref\"]\n",
+                dir.display(),
+                store.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("containers.conf"),
+            format!(
+                "[containers]\nnetns = \"none\"\n\
+                 default_ulimits = [\"nofile=16384:16384\", \"nproc=32768:32768\"]\n\
+                 [engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n\
+                 events_logfile_path = \"{0}/events.log\"\ntmp_dir = \"{0}/tmp\"\n\
+                 image_copy_tmp_dir = \"{0}/tmp\"\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("registries.conf"),
+            "unqualified-search-registries = []\n",
+        )
+        .unwrap();
+        Podman {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("podman")
+            .args(args)
+            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
+            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
+            .env(
+                "CONTAINERS_REGISTRIES_CONF",
+                self.dir.join("registries.conf"),
+            )
+            .output()
+            .unwrap()
+    }
+
+    /// `podman ARGS`' stdout, panicking with its stderr if it fails.
+    fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "podman {args:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "--all", "--force"]);
+        let _ = self.run(&["rmi", "--all", "--force"]);
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut inside: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|mp| Path::new(mp).starts_with(&self.dir))
+            .collect();
+        inside.sort_by_key(|mp| std::cmp::Reverse(mp.len()));
+        for mp in inside {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", mp])
+                .status();
+        }
+    }
+}
+
+/// The access log's blob GETs Podman made (its user agent is containers/image's), as
+/// the digests asked for.
+fn podman_blob_gets(registry: &Registry) -> Vec<String> {
+    std::fs::read_to_string(&registry.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("containers/") && l.contains("\"GET "))
+        .filter_map(|l| l.split("/blobs/").nth(1))
+        .filter_map(|rest| rest.split(' ').next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
+    let t = tempfile::Builder::new()
+        .prefix("talsp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let Images {
+        registry,
+        src,
+        dst,
+        big,
+    } = images(t.path());
+    let root = t.path().join("store");
+    let mut agent = AgentProcess::start(
+        &t.path().join("agent"),
+        &["--no-p2p", "--prefetch", "none", "--store-root", s(&root)],
+    );
+    // Dropped before the agent: no container is left on the image's lazy mount.
+    let podman = Podman::new(&t.path().join("podman"), &root);
+
+    podman.ok(&["pull", "--tls-verify=false", &dst]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&get(&registry.addr, "tessera/app", "manifests/v1")).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap();
+    let gets = podman_blob_gets(&registry);
+    assert_eq!(
+        gets,
+        [config],
+        "Podman fetched the config and no layer; the agent's log:\n{}",
+        agent.log()
+    );
+
+    let hello = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n");
+    let read = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/big"]);
+    assert!(read == big, "the container reads data/big's exact bytes");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "running fetched no layer through Podman"
+    );
+
+    // A restarted agent serves the image Podman pulled before: the store mounts its
+    // tree again when the container's overlay looks its `diff` up.
+    agent.restart();
+    let hello = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n", "after a restart");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "nothing pulled again"
+    );
+
+    // The plain image is not in the store: Podman pulls its layers as usual.
+    podman.ok(&["pull", "--tls-verify=false", &src]);
+    assert!(
+        podman_blob_gets(&registry).len() > 2,
+        "the plain image's layers came from the registry"
+    );
+    let hello = podman.ok(&["run", "--rm", &src, "/bin/cat", "/data/hello"]);
+    assert_eq!(hello, b"hello from the image\n");
+    drop(podman);
+    drop(agent);
+}
