@@ -381,10 +381,16 @@ impl Drop for Podman {
 /// The access log's blob GETs Podman made (its user agent is containers/image's), as
 /// the digests asked for.
 fn podman_blob_gets(registry: &Registry) -> Vec<String> {
+    blob_gets(registry, true)
+}
+
+/// The blobs GET from the registry by Podman (its `containers/` user agent) or, with
+/// `podman` false, by everyone else (the agent's chunk fetches), as its log records them.
+fn blob_gets(registry: &Registry, podman: bool) -> Vec<String> {
     std::fs::read_to_string(&registry.log)
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("containers/") && l.contains("\"GET "))
+        .filter(|l| l.contains("containers/") == podman && l.contains("\"GET "))
         .filter_map(|l| l.split("/blobs/").nth(1))
         .filter_map(|rest| rest.split(' ').next())
         .map(str::to_string)
@@ -442,6 +448,28 @@ fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
         podman_blob_gets(&registry),
         [config],
         "nothing pulled again"
+    );
+
+    // Removed and pulled again: the layers come from the store again, and the tree from
+    // the agent's cache, so neither Podman nor the agent fetches a layer or chunk twice.
+    let read_by_agent = blob_gets(&registry, false).len();
+    assert!(
+        read_by_agent > 0,
+        "the first runs read the tree through the agent"
+    );
+    podman.ok(&["rmi", &dst]);
+    podman.ok(&["pull", "--tls-verify=false", &dst]);
+    let read = podman.ok(&["run", "--rm", &dst, "/bin/cat", "/data/big"]);
+    assert!(read == big, "after rmi and a second pull");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config, config],
+        "the second pull fetched the config again and no layer"
+    );
+    assert_eq!(
+        blob_gets(&registry, false).len(),
+        read_by_agent,
+        "the agent read the tree from its cache: nothing fetched twice"
     );
 
     // The plain image is not in the store: Podman pulls its layers as usual.
