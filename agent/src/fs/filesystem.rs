@@ -8,15 +8,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use fuser::consts::{self, FOPEN_KEEP_CACHE};
 use fuser::{
     BackingId, FileAttr, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyXattr, Request,
 };
 use prometheus_client::metrics::histogram::Histogram;
 use rafs_format::reader::{Bootstrap, FileChunk, FileKind, Inode};
@@ -684,107 +682,9 @@ impl Filesystem for ImageFs {
 
     // Everything below would change the image.
 
-    fn setattr(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<u64>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<u32>,
-        reply: ReplyAttr,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn mknod(
-        &mut self,
-        _req: &Request<'_>,
-        _parent: u64,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn mkdir(
-        &mut self,
-        _req: &Request<'_>,
-        _parent: u64,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn unlink(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(EROFS);
-    }
+    super::read_only::refuse_changes!();
 
     fn rmdir(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(EROFS);
-    }
-
-    fn symlink(
-        &mut self,
-        _req: &Request<'_>,
-        _parent: u64,
-        _link_name: &OsStr,
-        _target: &Path,
-        reply: ReplyEntry,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn rename(
-        &mut self,
-        _req: &Request<'_>,
-        _parent: u64,
-        _name: &OsStr,
-        _newparent: u64,
-        _newname: &OsStr,
-        _flags: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn link(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _newparent: u64,
-        _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn write(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _fh: u64,
-        _offset: i64,
-        _data: &[u8],
-        _write_flags: u32,
-        _flags: i32,
-        _lock_owner: Option<u64>,
-        reply: ReplyWrite,
-    ) {
         reply.error(EROFS);
     }
 
@@ -797,52 +697,6 @@ impl Filesystem for ImageFs {
         _umask: u32,
         _flags: i32,
         reply: ReplyCreate,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn setxattr(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn removexattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(EROFS);
-    }
-
-    fn fallocate(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _fh: u64,
-        _offset: i64,
-        _length: i64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(EROFS);
-    }
-
-    fn copy_file_range(
-        &mut self,
-        _req: &Request<'_>,
-        _ino_in: u64,
-        _fh_in: u64,
-        _offset_in: i64,
-        _ino_out: u64,
-        _fh_out: u64,
-        _offset_out: i64,
-        _len: u64,
-        _flags: u32,
-        reply: ReplyWrite,
     ) {
         reply.error(EROFS);
     }

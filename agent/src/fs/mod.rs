@@ -35,7 +35,10 @@ pub mod handover;
 pub mod mount_table;
 mod pool;
 mod read;
+mod read_only;
 mod session;
+
+pub(crate) use read_only::refuse_changes;
 
 pub use session::{attach, mount, Mounted};
 
