@@ -152,15 +152,21 @@ struct Dedup {
     spool_len: u64,
 }
 
-/// A piece after the parallel pass: its digest (`None`: all zeros, a hole) and, if it
-/// may be new, its stored bytes.
-type Hashed = (
-    u32,
-    Option<(u32, u64)>,
-    Option<[u8; 32]>,
-    u32,
-    Option<(Vec<u8>, Compression)>,
-);
+/// A piece after the parallel pass.
+struct Hashed {
+    occ: u32,
+    origin: Option<(u32, u64)>,
+    /// `None`: all zeros, a hole.
+    digest: Option<[u8; 32]>,
+    len: u32,
+    bytes: PieceBytes,
+}
+
+/// A piece's bytes after the parallel pass: compressed if it may be new, else as read.
+enum PieceBytes {
+    Stored(Vec<u8>, Compression),
+    Raw(Vec<u8>),
+}
 
 impl Dedup {
     /// Whether a piece with this digest needs storing (as of the batch's start): not a
@@ -181,26 +187,44 @@ impl Dedup {
         let hashed: Vec<Hashed> = pending
             .into_par_iter()
             .map(|PendingPiece { occ, data, origin }| {
-                if data.iter().all(|&b| b == 0) {
-                    return (occ, origin, None, data.len() as u32, None);
+                let len = data.len() as u32;
+                let digest = (!data.iter().all(|&b| b == 0)).then(|| algo.digest(&data));
+                let store = digest.is_some_and(|d| {
+                    origin.is_none()
+                        && this.known(&d, origin).is_none()
+                        && !this.dict.contains_key(&d)
+                });
+                let bytes = if store {
+                    let (stored, used) = compress(&data, compression, level);
+                    PieceBytes::Stored(stored, used)
+                } else {
+                    PieceBytes::Raw(data)
+                };
+                Hashed {
+                    occ,
+                    origin,
+                    digest,
+                    len,
+                    bytes,
                 }
-                let digest = algo.digest(&data);
-                let store = origin.is_none()
-                    && this.known(&digest, origin).is_none()
-                    && !this.dict.contains_key(&digest);
-                let stored = store.then(|| compress(&data, compression, level));
-                (occ, origin, Some(digest), data.len() as u32, stored)
             })
             .collect();
         let mut out = Vec::new();
-        for (occ, origin, digest, len, stored) in hashed {
+        for Hashed {
+            occ,
+            origin,
+            digest,
+            len,
+            bytes,
+        } in hashed
+        {
             let Some(digest) = digest else { continue };
             let id = match self.known(&digest, origin) {
                 Some(id) => id,
                 None => {
                     let id = self.unique.len() as u32;
                     self.by_digest.insert(digest, id);
-                    let chunk = match (self.dict.get(&digest), origin, stored) {
+                    let chunk = match (self.dict.get(&digest), origin, bytes) {
                         (Some(c), _, _) => {
                             self.dict_hits += 1;
                             *c
@@ -213,9 +237,12 @@ impl Dedup {
                             compression: Compression::GzipSpan,
                             location: Location::Span { layer, out },
                         },
-                        (None, None, stored) => {
-                            // Compressed above: nothing before this batch had it.
-                            let (bytes, used) = stored.unwrap_or_else(|| compress_missed(&digest));
+                        (None, None, bytes) => {
+                            // Compressed above (nothing before this batch had it).
+                            let (bytes, used) = match bytes {
+                                PieceBytes::Stored(stored, used) => (stored, used),
+                                PieceBytes::Raw(data) => compress(&data, compression, level),
+                            };
                             let chunk = UniqueChunk {
                                 digest,
                                 uncompressed_size: len,
@@ -238,13 +265,6 @@ impl Dedup {
         }
         out
     }
-}
-
-/// Unreachable: a piece new to the build was compressed in the parallel pass (it was
-/// new as of the batch's start too). Kept total rather than panicking.
-fn compress_missed(digest: &[u8; 32]) -> (Vec<u8>, Compression) {
-    debug_assert!(false, "chunk {} was not compressed", hex::encode(digest));
-    (Vec::new(), Compression::None)
 }
 
 /// The dedup stage: batches in, stored bytes out to the spool writer.
