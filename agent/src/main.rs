@@ -38,6 +38,10 @@ enum Command {
     Index(Box<commands::index::IndexArgs>),
     /// Run the node agent: lazy mounts, the chunk cache, the local API.
     Agent(Box<commands::agent::AgentArgs>),
+    /// Run the agent for Podman's, Buildah's and CRI-O's additional layer store at
+    /// `--root` (the same as `tessera agent --store-root PATH`; every agent flag
+    /// applies).
+    Store(Box<commands::agent::StoreArgs>),
     /// Mount an image through the agent (data is fetched as it is read).
     Mount(commands::agent::MountArgs),
     /// Unmount an image mounted through the agent.
@@ -81,6 +85,7 @@ fn main() {
         Command::Convert(args) => commands::convert::convert(*args),
         Command::Index(args) => commands::index::index(*args),
         Command::Agent(args) => commands::agent::agent(*args),
+        Command::Store(args) => commands::agent::store(*args),
         Command::Mount(args) => commands::agent::mount(args),
         Command::Umount(args) => commands::agent::umount(args),
         Command::Status(args) => commands::agent::status(args),

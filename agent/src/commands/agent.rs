@@ -277,6 +277,24 @@ impl AgentArgs {
     }
 }
 
+/// `tessera store --root PATH`: the agent run for the additional layer store, as
+/// stargz-store and SOCI's store are run for theirs. Every agent flag applies.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Where to serve the store (absolute): `additionallayerstores = ["PATH:ref"]` in
+    /// containers' `storage.conf` names the same path.
+    #[arg(long, value_name = "PATH")]
+    root: PathBuf,
+    #[command(flatten)]
+    agent: AgentArgs,
+}
+
+pub fn store(args: StoreArgs) -> Result<()> {
+    let mut agent = args.agent;
+    agent.store_root = Some(args.root);
+    self::agent(agent)
+}
+
 pub fn agent(args: AgentArgs) -> Result<()> {
     let config = args.config()?;
     if args.check_config {

@@ -18,17 +18,18 @@ use crate::config::Prefetch;
 use crate::fetch::{ImageChunks, RegistryOrigin};
 use crate::fs::handover::Attach;
 use crate::fs::MountOptions;
-use crate::registry::image as registry_image;
+use crate::registry::image::{self as registry_image, Layers};
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
 
 /// Which tree of an image a mount shows: the image for `platform` (the host's when
-/// `None`), all its layers or, with `layers`, its first `layers` only (the snapshot of
-/// one layer of an indexed plain image: format.md §17.5).
+/// `None`), all its layers or, for an indexed plain image, its first `k` (the
+/// snapshotter's snapshot of layer `k`: format.md §17.5) or one layer alone (the
+/// layer store's `diff` of that layer: §17.7).
 #[derive(Debug, Clone, Default)]
 pub struct ImageTree {
     pub platform: Option<String>,
-    pub layers: Option<u32>,
+    pub layers: Layers,
 }
 
 impl Agent {
@@ -44,7 +45,7 @@ impl Agent {
     ) -> Result<MountStatus> {
         let tree = ImageTree {
             platform,
-            layers: None,
+            layers: Layers::All,
         };
         self.mount_with(image, mountpoint, record, tree, prefetch, Attach::Mount)
             .await
@@ -169,14 +170,14 @@ impl Agent {
     }
 
     /// `reference` resolved for `platform` (the host's when `None`), with its verified
-    /// bootstrap (of its first `layers` layers, when given: `ImageTree::layers`) and its
+    /// bootstrap (of the tree `layers` names: `ImageTree::layers`) and its
     /// chunks; what this node already holds of it is announced to the swarm in the
     /// background.
     pub(super) async fn open_image(
         &self,
         reference: &Reference,
         platform: Option<&str>,
-        layers: Option<u32>,
+        layers: Layers,
     ) -> Result<(registry_image::PlatformImage, Arc<ImageChunks>)> {
         let platform = match platform {
             Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
@@ -209,7 +210,7 @@ impl Agent {
     pub(super) async fn bootstrap_for(
         &self,
         image: &registry_image::PlatformImage,
-        layers: Option<u32>,
+        layers: Layers,
     ) -> Result<Bootstrap> {
         let location = registry_image::locate_bootstrap(&self.client, image, layers).await?;
         let bootstrap = self.bootstrap_at(image, &location.layer).await?;

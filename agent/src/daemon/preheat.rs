@@ -13,6 +13,7 @@ use super::Agent;
 use crate::fetch::Wanted;
 use crate::peer::preheat::PreheatReceiver;
 use crate::peer::Network;
+use crate::registry::image::Layers;
 use crate::registry::reference::Reference;
 use crate::{Error, Result};
 
@@ -90,7 +91,7 @@ impl Agent {
     ) -> Result<()> {
         let reference = Reference::parse(&task.image)?;
         let platform = (!task.platform.is_empty()).then_some(task.platform.as_str());
-        let (_, chunks) = self.open_image(&reference, platform, None).await?;
+        let (_, chunks) = self.open_image(&reference, platform, Layers::All).await?;
         chunks.bypass_memory();
         let bootstrap = chunks.bootstrap.clone();
         // Blob order, so neighbouring missing chunks travel as one run.

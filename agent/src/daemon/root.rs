@@ -21,7 +21,7 @@ use crate::fs::handover::{Attach, Keeper};
 use crate::layer_store::{self, LayerStore, LazyMounts};
 use crate::registry::client::{ClientOptions, RegistryClient};
 use crate::registry::credentials::{default_auth_file, DockerConfig};
-use crate::registry::image::PlatformImage;
+use crate::registry::image::{Layers, PlatformImage};
 use crate::snapshotter::remote::{BoxFuture, Remote};
 use crate::snapshotter::{self, Images, Snapshotter};
 use crate::{Error, Result};
@@ -271,9 +271,18 @@ impl LazyMounts for Arc<Agent> {
         Agent::registry_client(self)
     }
 
-    fn mount<'a>(&'a self, image: &'a str, dir: &'a Path) -> BoxFuture<'a, Result<()>> {
+    fn mount<'a>(
+        &'a self,
+        image: &'a str,
+        layers: Layers,
+        dir: &'a Path,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.mount_with(image, dir, None, ImageTree::default(), None, Attach::Mount)
+            let tree = ImageTree {
+                platform: None,
+                layers,
+            };
+            self.mount_with(image, dir, None, tree, None, Attach::Mount)
                 .await
                 .map(|_| ())
         })
@@ -288,7 +297,7 @@ impl LazyMounts for Arc<Agent> {
 
     fn bootstrap_size<'a>(&'a self, image: &'a PlatformImage) -> BoxFuture<'a, Result<u64>> {
         Box::pin(async move {
-            let bootstrap = self.bootstrap_for(image, None).await?;
+            let bootstrap = self.bootstrap_for(image, Layers::All).await?;
             Ok(bootstrap.as_bytes().len() as u64)
         })
     }
@@ -310,7 +319,7 @@ impl Images for Arc<Agent> {
         Box::pin(async move {
             let tree = ImageTree {
                 platform: None,
-                layers,
+                layers: Layers::first(layers),
             };
             self.mount_with(image, dir, None, tree, None, attach)
                 .await

@@ -142,8 +142,8 @@ impl StoreFs {
             Node::File(image, i, file) => {
                 let layer = &image.layers()[*i];
                 match file {
-                    LayerFile::Diff if layer.is_bootstrap() => {
-                        let target = image.tree().map_or(0, |t| t.as_os_str().len() as u64);
+                    LayerFile::Diff if layer.shows_tree() => {
+                        let target = layer.tree().map_or(0, |t| t.as_os_str().len() as u64);
                         self.attr(ino, FileType::Symlink, target)
                     }
                     LayerFile::Diff => self.attr(ino, FileType::Directory, 0),
@@ -176,8 +176,9 @@ impl StoreFs {
         });
     }
 
-    /// A layer directory's entry: a bootstrap layer's `diff` is its image's tree,
-    /// mounted first if it is not yet.
+    /// A layer directory's entry: a `diff` that shows a tree (a Tessera image's
+    /// bootstrap layer, an indexed image's every layer) is mounted first if it is not
+    /// yet.
     fn lookup_in_layer(&self, image: Arc<StoreImage>, i: usize, name: &OsStr, reply: ReplyEntry) {
         let Some(file) = LayerFile::ALL
             .into_iter()
@@ -188,20 +189,21 @@ impl StoreFs {
             return reply.error(ENOENT);
         };
         let ino = image.file_ino(i, file);
-        let needs_tree = file == LayerFile::Diff && image.layers()[i].is_bootstrap();
-        if !needs_tree || image.tree().is_some_and(|t| self.store.serves(t)) {
+        let layer = &image.layers()[i];
+        let needs_tree = file == LayerFile::Diff && layer.shows_tree();
+        if !needs_tree || layer.tree().is_some_and(|t| self.store.serves(t)) {
             let attr = self.attr_of(ino, &Node::File(image.clone(), i, file));
             return reply.entry(&TTL, &attr, 0);
         }
         let (store, at) = (self.store.clone(), self.mounted_at);
         self.runtime.spawn(async move {
-            match store.mount_tree(&image).await {
+            match store.mount_tree(&image, i).await {
                 Ok(tree) => {
                     let size = tree.as_os_str().len() as u64;
                     reply.entry(&TTL, &attr(at, ino, FileType::Symlink, size), 0);
                 }
                 Err(e) => {
-                    tracing::error!(image = %image.reference(), error = %e, "layer store: could not mount an image's tree; its bootstrap layer's diff fails with EIO");
+                    tracing::error!(image = %image.reference(), error = %e, "layer store: could not mount an image's tree; the layer's diff fails with EIO");
                     reply.error(EIO);
                 }
             }
@@ -237,7 +239,7 @@ impl StoreFs {
                     list.push((ino, kind, file.name().to_string()));
                 }
             }
-            Node::File(image, i, LayerFile::Diff) if !image.layers()[*i].is_bootstrap() => {}
+            Node::File(image, i, LayerFile::Diff) if !image.layers()[*i].shows_tree() => {}
             Node::File(..) => return Err(ENOTDIR),
         }
         Ok(list)
@@ -306,14 +308,14 @@ impl Filesystem for StoreFs {
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
         match self.node(ino) {
-            Ok(Node::File(image, _, LayerFile::Diff)) => match image.tree() {
+            Ok(Node::File(image, i, LayerFile::Diff)) => match image.layers()[i].tree() {
                 Some(tree) if self.store.serves(tree) => reply.data(tree.as_os_str().as_bytes()),
                 // Unmounted behind our back (the kernel still has the entry): never
                 // the empty mount point. Mounted again for the next try.
                 _ => {
                     let store = self.store.clone();
                     self.runtime.spawn(async move {
-                        if let Err(e) = store.mount_tree(&image).await {
+                        if let Err(e) = store.mount_tree(&image, i).await {
                             tracing::error!(image = %image.reference(), error = %e, "layer store: could not mount an image's tree again");
                         }
                     });

@@ -8,18 +8,22 @@
 //!
 //! For a Tessera image, the bootstrap layer's `diff` is a symlink to the image's lazy
 //! mount (the whole merged tree), the blob layers' `diff`s are empty directories (the
-//! snapshotter's trick), `info` is the layer's metadata as JSON, and `blob` the layer's
-//! bytes, read by Range request. Anything else (a name that is not base64 of a
-//! reference, an image that is not a Tessera image, a registry that cannot be
-//! reached) is "not here" (ENOENT): containers/storage then pulls the layer as usual.
+//! snapshotter's trick). For a plain image with an index (`tessera index`), each
+//! layer's `diff` is the lazy mount of that layer's own tree (format.md §17.7: its
+//! whiteouts in overlayfs's form), since plain layers are shared with other images,
+//! pulled through the store or not, and each must show exactly its own changes.
+//! `info` is the layer's metadata as JSON, and `blob` the layer's bytes, read by Range
+//! request. Anything else (a name that is not base64 of a reference, a plain image
+//! without an index of per-layer trees, a registry that cannot be reached) is "not
+//! here" (ENOENT): containers/storage then pulls the layer as usual.
 //!
 //! - `mod.rs` — [`LayerStore`]: references resolved (and cached), their layers, the
 //!   lazy mounts of their trees; [`LazyMounts`], what it needs of the daemon.
 //! - `filesystem` — the `fuser::Filesystem` over it, and [`serve`]: the mount at the
 //!   root and its unmount.
 //!
-//! Architecture invariant: a bootstrap layer's `diff` is never an empty stand-in. Its
-//! lookup mounts the image first and fails (EIO) if that fails: an overlay lower
+//! Architecture invariant: a `diff` that shows a tree is never an empty stand-in. Its
+//! lookup mounts the tree first and fails (EIO) if that fails: an overlay lower
 //! directory that is empty would start containers on an empty root filesystem.
 
 mod filesystem;
@@ -37,7 +41,7 @@ use base64::Engine;
 
 use crate::registry::client::RegistryClient;
 use crate::registry::image::{
-    self as registry_image, PlatformImage, BLOB_ANNOTATION, BLOB_MEDIA_TYPE,
+    self as registry_image, Layers, PlatformImage, BLOB_ANNOTATION, BLOB_MEDIA_TYPE,
 };
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
@@ -53,8 +57,14 @@ pub trait LazyMounts: Send + Sync + std::fmt::Debug {
     /// The node's registry client: manifests and blobs are read with the node's
     /// credentials.
     fn registry_client(&self) -> &Arc<RegistryClient>;
-    /// Mounts `image` (by digest) lazily at `dir`, an existing empty directory.
-    fn mount<'a>(&'a self, image: &'a str, dir: &'a Path) -> BoxFuture<'a, Result<()>>;
+    /// Mounts the tree `layers` of `image` (by digest) lazily at `dir`, an existing
+    /// empty directory.
+    fn mount<'a>(
+        &'a self,
+        image: &'a str,
+        layers: Layers,
+        dir: &'a Path,
+    ) -> BoxFuture<'a, Result<()>>;
     /// Whether an image is mounted at `dir` (canonical) now: someone may have
     /// unmounted it (`tessera umount`). Called on the session thread: no waiting.
     fn serves(&self, dir: &Path) -> bool;
@@ -93,13 +103,14 @@ struct Table {
     names: HashMap<OsString, Answer>,
     /// By the first inode number of each image's block (see [`StoreImage::base`]).
     by_base: BTreeMap<u64, Arc<StoreImage>>,
-    /// The lazy mount of each manifest's tree, shared by every name resolving to it.
-    trees: HashMap<String, Arc<Tree>>,
+    /// The lazy mount of each tree (by manifest digest and which tree), shared by
+    /// every name resolving to it.
+    trees: HashMap<(String, Layers), Arc<Tree>>,
     /// The next free inode number (1 is the root).
     next: u64,
 }
 
-/// A Tessera image found for a name, before it has inode numbers.
+/// An image found for a name, before it has inode numbers.
 #[derive(Debug)]
 struct Opened {
     reference: Reference,
@@ -115,8 +126,8 @@ enum Answer {
     Missing(Instant),
 }
 
-/// A Tessera image as the store shows it: one block of inode numbers, `base` its
-/// directory, then four per layer (see [`Node`]).
+/// An image as the store shows it: one block of inode numbers, `base` its directory,
+/// then four per layer (see [`Node`]).
 #[derive(Debug)]
 pub struct StoreImage {
     base: u64,
@@ -127,8 +138,6 @@ pub struct StoreImage {
     /// Looked up by digest: the answer never goes stale (a tag can move).
     by_digest: bool,
     layers: Vec<StoreLayer>,
-    /// The lazy mount of its tree.
-    tree: Arc<Tree>,
 }
 
 /// Where an image's tree is mounted.
@@ -140,15 +149,19 @@ struct Tree {
     mounting: tokio::sync::Mutex<()>,
 }
 
-/// A layer of a Tessera image.
+/// A layer of an image in the store.
 #[derive(Debug, Clone)]
 pub struct StoreLayer {
     /// The manifest's layer digest: the directory's name.
     digest: String,
     /// The compressed size (the manifest's), `blob`'s size.
     size: u64,
-    /// The bootstrap layer (its `diff` is the tree) rather than a blob layer (empty).
-    bootstrap: bool,
+    /// The tree its `diff` shows: the whole image for a Tessera image's bootstrap
+    /// layer, the layer's own for an indexed plain image's; none (an empty directory)
+    /// for a Tessera image's blob layers.
+    shows: Option<Layers>,
+    /// Where that tree is mounted (set when the image gets its inode numbers).
+    tree: Option<Arc<Tree>>,
     /// The `info` file.
     info: Vec<u8>,
 }
@@ -207,11 +220,6 @@ impl StoreImage {
         &self.reference
     }
 
-    /// Where the tree was mounted, if it was (see [`LayerStore::serves`]).
-    pub(crate) fn tree(&self) -> Option<&PathBuf> {
-        self.tree.dir.get()
-    }
-
     fn inodes(&self) -> u64 {
         1 + self.layers.len() as u64 * PER_LAYER
     }
@@ -224,8 +232,13 @@ impl StoreLayer {
     pub(crate) fn size(&self) -> u64 {
         self.size
     }
-    pub(crate) fn is_bootstrap(&self) -> bool {
-        self.bootstrap
+    /// Whether its `diff` is a tree (a symlink to a lazy mount) rather than empty.
+    pub(crate) fn shows_tree(&self) -> bool {
+        self.shows.is_some()
+    }
+    /// Where its tree was mounted, if it was (see [`LayerStore::serves`]).
+    pub(crate) fn tree(&self) -> Option<&PathBuf> {
+        self.tree.as_ref()?.dir.get()
     }
     pub(crate) fn info(&self) -> &[u8] {
         &self.info
@@ -326,28 +339,48 @@ impl LayerStore {
         }
     }
 
-    /// The image `reference` names for this host's platform, if it is a Tessera
-    /// image: its reference pinned to the manifest digest, and its layers.
+    /// The image `reference` names for this host's platform, if the store can serve
+    /// it (a Tessera image, or a plain one with an index of per-layer trees): its
+    /// reference pinned to the manifest digest, and its layers.
     async fn open(&self, reference: &Reference) -> Result<Option<Opened>> {
         let client = self.registry_client();
         let image = registry_image::resolve_platform(client, reference, &Platform::host()).await?;
-        let bootstrap = match registry_image::bootstrap_layer(&image) {
-            Ok(layer) => layer.digest().to_string(),
-            Err(e) => {
-                tracing::debug!(image = %reference, error = %e, "not a Tessera image: not in the layer store");
-                return Ok(None);
-            }
-        };
-        // containerd/storage takes `diff-digest` as the layer's identity without
+        // containers/storage takes `diff-digest` as the layer's identity without
         // checking it: it comes from the config, verified against the manifest.
         let config = registry_image::fetch_config(client, &image).await?;
         let diff_ids = registry_image::diff_ids(&image, &config)?;
+        let layers = match registry_image::bootstrap_layer(&image) {
+            Ok(bootstrap) => {
+                let bootstrap = bootstrap.digest().to_string();
+                self.converted_layers(&image, &bootstrap, &diff_ids).await?
+            }
+            Err(_) => match indexed_layers(client, &image, &diff_ids).await {
+                Some(layers) => layers,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(Opened {
+            manifest: image.raw.digest.clone(),
+            by_digest: reference.digest.is_some(),
+            reference: image.reference,
+            layers,
+        }))
+    }
+
+    /// A Tessera image's layers: the bootstrap layer's `diff` is the whole tree, the
+    /// blob layers' are empty.
+    async fn converted_layers(
+        &self,
+        image: &PlatformImage,
+        bootstrap: &str,
+        diff_ids: &[String],
+    ) -> Result<Vec<StoreLayer>> {
         // Podman 4.3 fails to run an image with a layer of unknown size (`diff-size`
         // -1): "size for layer … is unknown". A blob layer is stored uncompressed (its
         // diff ID is its digest), the bootstrap's is the bootstrap's own size.
-        let bootstrap_size = self.mounts.bootstrap_size(&image).await?;
+        let bootstrap_size = self.mounts.bootstrap_size(image).await?;
         let mut layers = Vec::new();
-        for (layer, diff_id) in image.manifest.layers().iter().zip(&diff_ids) {
+        for (layer, diff_id) in image.manifest.layers().iter().zip(diff_ids) {
             let digest = layer.digest().to_string();
             let media_type = layer.media_type().to_string();
             let is_bootstrap = digest == bootstrap;
@@ -370,34 +403,42 @@ impl LayerStore {
                 info: info_json(&digest, sizes, diff_id, compression_of(&media_type)),
                 digest,
                 size: layer.size(),
-                bootstrap: is_bootstrap,
+                shows: is_bootstrap.then_some(Layers::All),
+                tree: None,
             });
         }
-        Ok(Some(Opened {
-            manifest: image.raw.digest.clone(),
-            by_digest: reference.digest.is_some(),
-            reference: image.reference,
-            layers,
-        }))
+        Ok(layers)
     }
 
-    /// The image's tree, mounted on first need (one mount per manifest, kept for the
-    /// agent's life, mounted again if it went away); its path.
-    pub(crate) async fn mount_tree(&self, image: &StoreImage) -> Result<PathBuf> {
-        let _turn = image.tree.mounting.lock().await;
-        if let Some(dir) = image.tree().filter(|dir| self.serves(dir)) {
+    /// The image's tree `shows` of layer `layer`, mounted on first need (one mount per
+    /// manifest and tree, kept for the agent's life, mounted again if it went away);
+    /// its path.
+    pub(crate) async fn mount_tree(&self, image: &StoreImage, layer: usize) -> Result<PathBuf> {
+        let store_layer = &image.layers[layer];
+        let (Some(shows), Some(tree)) = (store_layer.shows, &store_layer.tree) else {
+            return Err(Error::Agent(format!(
+                "layer {} of {} has no tree to mount",
+                store_layer.digest, image.reference
+            )));
+        };
+        let _turn = tree.mounting.lock().await;
+        if let Some(dir) = store_layer.tree().filter(|dir| self.serves(dir)) {
             return Ok(dir.clone());
         }
-        let dir = self.trees_dir.join(image.manifest.replace(':', "-"));
+        let mut name = image.manifest.replace(':', "-");
+        if let Layers::Only(k) = shows {
+            name.push_str(&format!("-layer-{k}"));
+        }
+        let dir = self.trees_dir.join(name);
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
         let dir = dir
             .canonicalize()
             .map_err(|e| Error::io("resolve", &dir, e))?;
         self.mounts
-            .mount(&image.reference.to_string(), &dir)
+            .mount(&image.reference.to_string(), shows, &dir)
             .await?;
-        tracing::info!(image = %image.reference, tree = %dir.display(), "layer store: mounted an image's tree");
-        Ok(image.tree.dir.get_or_init(|| dir).clone())
+        tracing::info!(image = %image.reference, tree = %shows, at = %dir.display(), "layer store: mounted an image's tree");
+        Ok(tree.dir.get_or_init(|| dir).clone())
     }
 
     /// Whether the tree at `dir` is mounted now.
@@ -408,24 +449,71 @@ impl LayerStore {
 
 impl Table {
     /// Hands out a block of inode numbers for a newly resolved image.
-    fn insert(&mut self, opened: Opened) -> Arc<StoreImage> {
-        let tree = self
-            .trees
-            .entry(opened.manifest.clone())
-            .or_default()
-            .clone();
+    fn insert(&mut self, mut opened: Opened) -> Arc<StoreImage> {
+        for layer in &mut opened.layers {
+            layer.tree = layer.shows.map(|shows| {
+                self.trees
+                    .entry((opened.manifest.clone(), shows))
+                    .or_default()
+                    .clone()
+            });
+        }
         let image = Arc::new(StoreImage {
             base: self.next,
             reference: opened.reference,
             manifest: opened.manifest,
             by_digest: opened.by_digest,
             layers: opened.layers,
-            tree,
         });
         self.next += image.inodes();
         self.by_base.insert(image.base, image.clone());
         image
     }
+}
+
+/// A plain image's layers, if it has an index with a tree of every layer alone and
+/// its size (`tessera index` since format.md §17.7): each layer's `diff` is its own
+/// tree. `None` ("not here", podman pulls as usual) for anything else.
+async fn indexed_layers(
+    client: &RegistryClient,
+    image: &PlatformImage,
+    diff_ids: &[String],
+) -> Option<Vec<StoreLayer>> {
+    let location = match registry_image::locate_bootstrap(client, image, Layers::All).await {
+        Ok(location) => location,
+        Err(e) => {
+            tracing::debug!(image = %image.reference, error = %e, "neither a Tessera image nor an indexed one: not in the layer store");
+            return None;
+        }
+    };
+    let trees = location.index.map(|i| i.layer_trees).unwrap_or_default();
+    let mut layers = Vec::new();
+    for (k, (layer, diff_id)) in image.manifest.layers().iter().zip(diff_ids).enumerate() {
+        let k = u32::try_from(k).ok()?;
+        let Some(diff_size) = trees
+            .iter()
+            .find(|t| t.layer == k)
+            .and_then(|t| t.diff_size)
+        else {
+            tracing::info!(image = %image.reference, layer = k, "an index without a tree of each layer alone (made before format.md §17.7): not in the layer store; `tessera index` it again");
+            return None;
+        };
+        let digest = layer.digest().to_string();
+        let media_type = layer.media_type().to_string();
+        layers.push(StoreLayer {
+            info: info_json(
+                &digest,
+                (layer.size(), diff_size),
+                diff_id,
+                compression_of(&media_type),
+            ),
+            digest,
+            size: layer.size(),
+            shows: Some(Layers::Only(k)),
+            tree: None,
+        });
+    }
+    Some(layers)
 }
 
 /// The image reference a root entry name encodes: Go's `base64.StdEncoding` (padded)

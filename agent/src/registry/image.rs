@@ -329,6 +329,45 @@ pub const INDEX_ARTIFACT_TYPE: &str = "application/vnd.tessera.index.v1";
 /// (a layer prefix, format.md §17.5); absent on the bootstrap of the whole tree.
 pub const INDEX_LAYERS_ANNOTATION: &str = "io.tessera.index.layers";
 
+/// On a bootstrap layer of an index: the one image layer (0-based, in decimal) whose
+/// own tree it is, as an overlay layer (format.md §17.7).
+pub const INDEX_LAYER_ANNOTATION: &str = "io.tessera.index.layer";
+
+/// Beside [`INDEX_LAYER_ANNOTATION`]: that layer's uncompressed size (its tar's bytes),
+/// which containers/storage wants for a layer it did not unpack.
+pub const INDEX_DIFF_SIZE_ANNOTATION: &str = "io.tessera.index.diff-size";
+
+/// Which tree of an image a bootstrap holds: an index has one per layer prefix
+/// (format.md §17.5) and one per layer (§17.7) beside the whole image's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Layers {
+    /// Every layer merged: the image.
+    #[default]
+    All,
+    /// The first `k` layers merged (the whole image when `k` is all of them).
+    First(u32),
+    /// Layer `k` (0-based) alone, in overlayfs's form: whiteouts as character devices
+    /// 0/0, opaque directories marked by an xattr.
+    Only(u32),
+}
+
+impl Layers {
+    /// The snapshotter's "first `k` layers, or all of them".
+    pub fn first(layers: Option<u32>) -> Layers {
+        layers.map_or(Layers::All, Layers::First)
+    }
+}
+
+impl std::fmt::Display for Layers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Layers::All => f.write_str("all layers"),
+            Layers::First(k) => write!(f, "the first {k} layers"),
+            Layers::Only(k) => write!(f, "layer {k} alone"),
+        }
+    }
+}
+
 /// Where an image's bootstrap is: a layer of the image itself (a Tessera image), or a
 /// layer of the index pushed beside it (a plain image, format.md §17).
 #[derive(Debug, Clone)]
@@ -346,20 +385,47 @@ pub struct IndexArtifact {
     pub digest: String,
     /// The digests of its layers: the bootstrap and the blob of checkpoint windows.
     pub layers: Vec<String>,
+    /// The image layers it has a tree of their own for (§17.7), in order, with their
+    /// uncompressed sizes where the index says.
+    pub layer_trees: Vec<LayerTree>,
 }
 
-/// Where `image`'s bootstrap is: the tree of all its layers, or with `layers`, of its
-/// first `layers` only (a prefix an index holds, format.md §17.5; the whole tree when
-/// `layers` is all of them). A plain image's index is the newest referrer of its
-/// manifest of [`INDEX_ARTIFACT_TYPE`], refused unless its manifest names this
-/// manifest as its `subject`; an image with neither is an error saying how to make one.
+/// An index's tree of one image layer alone (format.md §17.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerTree {
+    /// The image layer (0-based).
+    pub layer: u32,
+    /// Its uncompressed size ([`INDEX_DIFF_SIZE_ANNOTATION`]).
+    pub diff_size: Option<u64>,
+}
+
+/// Where `image`'s bootstrap of `layers` is: the tree of all its layers, of its first
+/// `k` (a prefix an index holds, format.md §17.5; the whole tree when `k` is all of
+/// them), or of one layer alone (§17.7, only an index has them). A plain image's index
+/// is the newest referrer of its manifest of [`INDEX_ARTIFACT_TYPE`], refused unless
+/// its manifest names this manifest as its `subject`; an image with neither is an
+/// error saying how to make one.
 pub async fn locate_bootstrap(
     client: &RegistryClient,
     image: &PlatformImage,
-    layers: Option<u32>,
+    layers: Layers,
 ) -> Result<BootstrapLocation> {
-    let prefix = layers.filter(|&k| (k as usize) < image.manifest.layers().len());
+    let count = image.manifest.layers().len();
+    let wanted = match layers {
+        Layers::First(k) if k as usize >= count => Layers::All,
+        other => other,
+    };
     if let Ok(layer) = bootstrap_layer(image) {
+        if let Layers::Only(k) = wanted {
+            return Err(protocol(
+                &image.reference,
+                &format!("manifest {}", image.raw.digest),
+                format!(
+                    "a converted image has no tree of layer {k} alone (only an index of a \
+                     plain image has one per layer)"
+                ),
+            ));
+        }
         return Ok(BootstrapLocation {
             layer: layer.clone(),
             index: None,
@@ -402,26 +468,35 @@ pub async fn locate_bootstrap(
             ),
         ));
     }
-    let covers = |l: &Descriptor| {
-        l.annotations()
-            .as_ref()
-            .and_then(|a| a.get(INDEX_LAYERS_ANNOTATION))
-            .map(|k| k.parse::<u32>().ok())
-    };
-    let layer = artifact
+    let bootstraps = artifact
         .layers()
         .iter()
-        .find(|l| {
-            l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE && covers(l) == prefix.map(Some)
-        })
+        .filter(|l| l.media_type().to_string() == BOOTSTRAP_MEDIA_TYPE);
+    let layer = bootstraps
+        .clone()
+        .find(|l| tree_of(l) == Some(wanted))
         .cloned()
         .ok_or_else(|| {
-            let missing = match prefix {
-                Some(k) => format!("it has no bootstrap of the first {k} layers"),
-                None => "it has no bootstrap layer".into(),
+            let missing = match wanted {
+                Layers::All => "it has no bootstrap layer".into(),
+                Layers::First(k) => format!("it has no bootstrap of the first {k} layers"),
+                Layers::Only(k) => format!(
+                    "it has no tree of layer {k} alone (an index made before those existed: \
+                     make a new one with `tessera index {}`)",
+                    image.reference
+                ),
             };
             protocol(&image.reference, &what, missing)
         })?;
+    let layer_trees = bootstraps
+        .filter_map(|l| match tree_of(l)? {
+            Layers::Only(k) if (k as usize) < count => Some(LayerTree {
+                layer: k,
+                diff_size: annotation(l, INDEX_DIFF_SIZE_ANNOTATION).and_then(|v| v.parse().ok()),
+            }),
+            _ => None,
+        })
+        .collect();
     Ok(BootstrapLocation {
         layer,
         index: Some(IndexArtifact {
@@ -431,8 +506,28 @@ pub async fn locate_bootstrap(
                 .iter()
                 .map(|l| l.digest().to_string())
                 .collect(),
+            layer_trees,
         }),
     })
+}
+
+fn annotation<'a>(layer: &'a Descriptor, key: &str) -> Option<&'a String> {
+    layer.annotations().as_ref()?.get(key)
+}
+
+/// Which tree a bootstrap layer of an index holds, by its annotations (`None`: one
+/// that does not parse, which nothing asks for).
+fn tree_of(layer: &Descriptor) -> Option<Layers> {
+    let number = |key| annotation(layer, key).map(|k| k.parse::<u32>().ok());
+    match (
+        number(INDEX_LAYERS_ANNOTATION),
+        number(INDEX_LAYER_ANNOTATION),
+    ) {
+        (None, None) => Some(Layers::All),
+        (Some(k), None) => k.map(Layers::First),
+        (None, Some(k)) => k.map(Layers::Only),
+        (Some(_), Some(_)) => None,
+    }
 }
 
 impl BootstrapLocation {
@@ -513,7 +608,7 @@ pub async fn fetch_bootstrap_or_index(
     image: &PlatformImage,
     dir: &Path,
 ) -> Result<PathBuf> {
-    let location = locate_bootstrap(client, image, None).await?;
+    let location = locate_bootstrap(client, image, Layers::All).await?;
     let bytes = bootstrap_bytes_at(client, image, &location.layer).await?;
     let bootstrap = Bootstrap::from_bytes(bytes, rafs_format::reader::Verify::Checksum)?;
     location.check(image, &bootstrap)?;

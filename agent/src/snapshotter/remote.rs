@@ -197,20 +197,24 @@ impl Remote {
                 }
                 LayerRoles::Converted(roles)
             }
-            Err(_) => match registry_image::locate_bootstrap(client, &image, None).await {
-                Ok(_) => LayerRoles::Indexed(
-                    image
-                        .manifest
-                        .layers()
-                        .iter()
-                        .map(|l| l.digest().to_string())
-                        .collect(),
-                ),
-                Err(e) => {
-                    tracing::debug!(image = %reference, error = %e, "a plain image without a usable index: its layers are unpacked");
-                    LayerRoles::Plain(std::time::Instant::now())
+            Err(_) => {
+                match registry_image::locate_bootstrap(client, &image, registry_image::Layers::All)
+                    .await
+                {
+                    Ok(_) => LayerRoles::Indexed(
+                        image
+                            .manifest
+                            .layers()
+                            .iter()
+                            .map(|l| l.digest().to_string())
+                            .collect(),
+                    ),
+                    Err(e) => {
+                        tracing::debug!(image = %reference, error = %e, "a plain image without a usable index: its layers are unpacked");
+                        LayerRoles::Plain(std::time::Instant::now())
+                    }
                 }
-            },
+            }
         };
         let roles = Arc::new(roles);
         self.manifests

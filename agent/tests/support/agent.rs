@@ -20,6 +20,8 @@ pub struct AgentProcess {
     host: Option<NetHost>,
     /// Started under `prlimit --nofile=N:N`, if set.
     open_files: Option<u64>,
+    /// The subcommand with its own flags: `agent`, or `store --root PATH`.
+    command: Vec<String>,
 }
 
 pub fn free_port() -> u16 {
@@ -99,7 +101,18 @@ impl AgentProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             host: host.cloned(),
             open_files: None,
+            command: vec!["agent".into()],
         }
+    }
+
+    /// Starts `tessera store --root ROOT` (the agent run for the additional layer
+    /// store) with `extra` agent flags, as [`start`](Self::start) starts an agent.
+    pub fn start_store(dir: &Path, root: &Path, extra: &[&str]) -> AgentProcess {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let mut agent = AgentProcess::new(dir, metrics, None, extra);
+        agent.command = vec!["store".into(), "--root".into(), root.display().to_string()];
+        agent.spawn();
+        agent
     }
 
     fn spawn(&mut self) {
@@ -120,7 +133,7 @@ impl AgentProcess {
             (None, None) => tessera(),
         };
         let child = command
-            .arg("agent")
+            .args(&self.command)
             .arg("--socket")
             .arg(&self.socket)
             .arg("--cache-dir")
