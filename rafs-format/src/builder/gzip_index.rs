@@ -8,6 +8,7 @@ use std::io::{self, Read};
 use sha2::{Digest, Sha256};
 
 use super::layer;
+use super::own_tree::OwnTree;
 use super::store::ChunkStore;
 use super::tree::Tree;
 use crate::gzip::{Checkpoint, GzipReader, Mark};
@@ -51,10 +52,11 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// Applies gzip layer `layer` (the image's `index`-th) to the tree, its chunks recorded
-/// as spans of indexed layer number `span_layer`.
+/// Applies gzip layer `layer` (the image's `index`-th) to the tree and builds its own
+/// tree in `own`, its chunks recorded as spans of indexed layer number `span_layer`.
 pub(crate) fn index_layer(
     tree: &mut Tree,
+    own: &mut OwnTree<'_>,
     store: &mut ChunkStore,
     layer: impl Read,
     index: u32,
@@ -67,7 +69,7 @@ pub(crate) fn index_layer(
     };
     let mut gz = GzipReader::indexing(hashing, CHECKPOINT_SPACING);
     store.set_span_layer(Some(span_layer));
-    let applied = layer::apply_layer(tree, store, &mut gz, index);
+    let applied = layer::apply_layer(tree, store, &mut gz, index, Some(own));
     store.set_span_layer(None);
     applied?;
     // The rest (the archive's end blocks, the trailer): every member's CRC is checked

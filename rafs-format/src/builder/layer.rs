@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 
+use super::own_tree::{Change, OwnTree};
 use super::store::ChunkStore;
 use super::tar::{EntryType, TarEntry, TarReader};
 use super::tree::{components, Child, Meta, Node, NodeData, NodeId, Tree, ROOT};
@@ -33,12 +34,14 @@ pub(crate) fn decompressed<'a>(
     })
 }
 
-/// Applies one layer (an uncompressed tar stream) on top of the tree.
+/// Applies one layer (an uncompressed tar stream) on top of the tree, and for an index
+/// also builds the layer's own tree (`own`, format.md §17.7) from the same entries.
 pub(crate) fn apply_layer(
     tree: &mut Tree,
     store: &mut ChunkStore,
     tar_stream: impl Read,
     layer: u32,
+    mut own: Option<&mut OwnTree<'_>>,
 ) -> Result<()> {
     let mut tar = TarReader::new(tar_stream);
     let mut opaque = Vec::new();
@@ -50,15 +53,25 @@ pub(crate) fn apply_layer(
         })?;
         let Some(entry) = entry else {
             hide_lower_entries(tree, &opaque, layer);
+            if let Some(own) = own {
+                own.finish(tree, &opaque);
+            }
             return Ok(());
         };
-        apply_entry(tree, store, &mut tar, &entry, layer, &mut opaque).map_err(|reason| {
-            Error::Layer {
+        let comps = components(&entry.path).ok_or_else(|| Error::Layer {
+            layer: layer as usize,
+            entry: String::from_utf8_lossy(&entry.path).into_owned(),
+            reason: "path has a '..' component".into(),
+        })?;
+        let change = apply_entry(tree, store, &mut tar, &entry, &comps, layer, &mut opaque)
+            .map_err(|reason| Error::Layer {
                 layer: layer as usize,
                 entry: String::from_utf8_lossy(&entry.path).into_owned(),
                 reason,
-            }
-        })?;
+            })?;
+        if let Some(own) = own.as_deref_mut() {
+            own.apply(tree, change);
+        }
     }
 }
 
@@ -126,7 +139,7 @@ fn hide_lower_entries(tree: &mut Tree, opaque: &[NodeId], layer: u32) {
 }
 
 /// A directory node made for a path whose parents a layer did not list.
-fn implicit_dir() -> Node {
+pub(crate) fn implicit_dir() -> Node {
     Node {
         meta: Meta {
             perm: 0o755,
@@ -161,15 +174,17 @@ fn ensure_dir(tree: &mut Tree, comps: &[&[u8]], layer: u32) -> Result<NodeId, St
     Ok(cur)
 }
 
-fn apply_entry(
+/// Applies one entry to the merged tree and says what it did, for the layer's own tree.
+/// A regular file's data is read and chunked here, once, for both.
+fn apply_entry<'e>(
     tree: &mut Tree,
     store: &mut ChunkStore,
     tar: &mut TarReader<impl Read>,
-    entry: &TarEntry,
+    entry: &'e TarEntry,
+    comps: &'e [&'e [u8]],
     layer: u32,
     opaque: &mut Vec<NodeId>,
-) -> Result<(), String> {
-    let comps = components(&entry.path).ok_or("path has a '..' component")?;
+) -> Result<Change<'e>, String> {
     let path_len = comps
         .iter()
         .map(|c| c.len() + 1)
@@ -187,8 +202,8 @@ fn apply_entry(
     let Some((name, parent_comps)) = comps.split_last() else {
         // The root itself ("./"): only its metadata can change.
         if entry.kind == EntryType::Directory {
-            tree.node_mut(ROOT).meta = meta;
-            return Ok(());
+            tree.node_mut(ROOT).meta = meta.clone();
+            return Ok(Change::RootMeta(meta));
         }
         return Err("the root of a layer must be a directory".into());
     };
@@ -198,19 +213,38 @@ fn apply_entry(
     if name.starts_with(WHITEOUT_PREFIX) {
         // A whiteout in a directory that does not exist hides nothing.
         let Some(parent) = tree.lookup(parent_comps) else {
-            return Ok(());
+            return Ok(Change::Nothing);
         };
         if *name == OPAQUE_MARKER {
             opaque.push(parent);
-        } else if !name.starts_with(b".wh..wh.") {
-            let target = &name[WHITEOUT_PREFIX.len()..];
-            if let Some(children) = tree.children_mut(parent) {
-                if children.get(target).is_some_and(|c| c.layer < layer) {
-                    children.remove(target);
-                }
-            }
+            // A marker under a file hides nothing; the own tree makes no directory of it.
+            let is_dir = matches!(tree.node(parent).data, NodeData::Dir(_));
+            return Ok(if is_dir {
+                Change::Opaque(parent_comps)
+            } else {
+                Change::Nothing
+            });
         }
-        return Ok(());
+        if name.starts_with(b".wh..wh.") {
+            return Ok(Change::Nothing);
+        }
+        let target = &name[WHITEOUT_PREFIX.len()..];
+        let Some(children) = tree.children_mut(parent) else {
+            return Ok(Change::Nothing);
+        };
+        match children.get(target) {
+            // This layer's own entry of that name stays.
+            Some(c) if c.layer == layer => return Ok(Change::Nothing),
+            Some(_) => {
+                children.remove(target);
+            }
+            None => {}
+        }
+        return Ok(Change::Whiteout {
+            parent: parent_comps,
+            name: target,
+            meta,
+        });
     }
     let parent = ensure_dir(tree, parent_comps, layer)?;
 
@@ -220,7 +254,7 @@ fn apply_entry(
             if let Some(child) = existing {
                 if matches!(tree.node(child.node).data, NodeData::Dir(_)) {
                     // A directory listed again keeps its contents; only metadata changes.
-                    tree.node_mut(child.node).meta = meta;
+                    tree.node_mut(child.node).meta = meta.clone();
                     if let Some(ch) = tree.children_mut(parent) {
                         ch.insert(
                             name.to_vec(),
@@ -230,7 +264,14 @@ fn apply_entry(
                             },
                         );
                     }
-                    return Ok(());
+                    return Ok(Change::Entry {
+                        parent: parent_comps,
+                        name,
+                        node: Node {
+                            meta,
+                            data: NodeData::Dir(BTreeMap::new()),
+                        },
+                    });
                 }
             }
             NodeData::Dir(BTreeMap::new())
@@ -249,21 +290,32 @@ fn apply_entry(
             NodeData::File { size, pieces }
         }
         EntryType::Hardlink => {
-            let target_comps =
+            let target_path =
                 components(&entry.link_name).ok_or("hardlink target has a '..' component")?;
-            let node = tree.lookup(&target_comps).ok_or_else(|| {
+            let target = tree.lookup(&target_path).ok_or_else(|| {
                 format!(
                     "hardlink target {:?} does not exist",
                     String::from_utf8_lossy(&entry.link_name)
                 )
             })?;
-            if matches!(tree.node(node).data, NodeData::Dir(_)) {
+            if matches!(tree.node(target).data, NodeData::Dir(_)) {
                 return Err("hardlink to a directory".into());
             }
             if let Some(ch) = tree.children_mut(parent) {
-                ch.insert(name.to_vec(), Child { node, layer });
+                ch.insert(
+                    name.to_vec(),
+                    Child {
+                        node: target,
+                        layer,
+                    },
+                );
             }
-            return Ok(());
+            return Ok(Change::Hardlink {
+                parent: parent_comps,
+                name,
+                target_path,
+                target,
+            });
         }
         EntryType::Symlink => {
             if entry.link_name.is_empty() {
@@ -286,9 +338,14 @@ fn apply_entry(
             minor: 0,
         },
     };
-    let node = tree.add_node(Node { meta, data });
+    let node = Node { meta, data };
+    let id = tree.add_node(node.clone());
     if let Some(ch) = tree.children_mut(parent) {
-        ch.insert(name.to_vec(), Child { node, layer });
+        ch.insert(name.to_vec(), Child { node: id, layer });
     }
-    Ok(())
+    Ok(Change::Entry {
+        parent: parent_comps,
+        name,
+        node,
+    })
 }

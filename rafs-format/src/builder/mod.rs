@@ -10,6 +10,7 @@ mod gzip_index;
 mod layer;
 mod oci_layout;
 mod options;
+mod own_tree;
 mod source_dir;
 mod store;
 pub(crate) mod tar;
@@ -25,6 +26,7 @@ use serde::Serialize;
 pub use options::{BuildOptions, BuildProgress, ChunkDict};
 use store::ChunkStore;
 use tree::{Meta, Tree};
+use writer::own_layer_file;
 
 use crate::{Error, Result};
 
@@ -78,12 +80,27 @@ pub struct BuildSummary {
     /// For an index of several layers: the bootstraps of its layer prefixes (the tree
     /// of the first `layers` layers; format.md §17.5), each beside the bootstrap.
     pub layer_bootstraps: Vec<LayerBootstrap>,
+    /// For an index: the bootstrap of each layer's own tree (its changes alone, in
+    /// overlayfs's convention; format.md §17.7), in layer order, each beside the
+    /// bootstrap. Empty for other builds.
+    pub own_layer_bootstraps: Vec<OwnLayerBootstrap>,
 }
 
 /// The bootstrap of an index's first `layers` layers.
 #[derive(Debug, Clone, Serialize)]
 pub struct LayerBootstrap {
     pub layers: u32,
+    pub path: PathBuf,
+    pub bytes: u64,
+    /// `sha256:<hex>` of the bootstrap.
+    pub digest: String,
+}
+
+/// The bootstrap of one layer's own tree, `bootstrap.layer-<layer>`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OwnLayerBootstrap {
+    /// The layer's position in the image, 0-based.
+    pub layer: u32,
     pub path: PathBuf,
     pub bytes: u64,
     /// `sha256:<hex>` of the bootstrap.
@@ -137,6 +154,24 @@ impl std::fmt::Display for BuildSummary {
         writeln!(f, "  bootstrap  {}", self.bootstrap_digest)?;
         for b in &self.blobs {
             writeln!(f, "  blob       {} ({} bytes)", b.digest, b.size)?;
+        }
+        if !self.layer_bootstraps.is_empty() {
+            let bytes: u64 = self.layer_bootstraps.iter().map(|b| b.bytes).sum();
+            writeln!(
+                f,
+                "  prefixes   {} bootstraps (bootstrap.layers-<k>, {:.1} KiB)",
+                self.layer_bootstraps.len(),
+                bytes as f64 / 1024.0
+            )?;
+        }
+        if !self.own_layer_bootstraps.is_empty() {
+            let bytes: u64 = self.own_layer_bootstraps.iter().map(|b| b.bytes).sum();
+            writeln!(
+                f,
+                "  layers     {} own-tree bootstraps (bootstrap.layer-<k>, {:.1} KiB)",
+                self.own_layer_bootstraps.len(),
+                bytes as f64 / 1024.0
+            )?;
         }
         for p in &self.prefetch_missing {
             writeln!(
@@ -218,6 +253,9 @@ pub struct Builder {
     /// The tree as it stood after each indexed layer but the last, with the number of
     /// layers applied: an index's layer prefixes (format.md §17.5).
     prefixes: Vec<(u32, Tree)>,
+    /// Each indexed layer's own tree, with the layer's position in the image
+    /// (format.md §17.7).
+    own_layers: Vec<(u32, Tree)>,
     started: Instant,
 }
 
@@ -251,6 +289,7 @@ impl Builder {
             layers: 0,
             indexed: Vec::new(),
             prefixes: Vec::new(),
+            own_layers: Vec::new(),
             started,
         })
     }
@@ -300,7 +339,7 @@ impl Builder {
             };
             // Returning drops the reader, which stops the thread if the archive ended
             // before the stream did.
-            layer::apply_layer(tree, store, reader, index)
+            layer::apply_layer(tree, store, reader, index, None)
         })
     }
 
@@ -316,12 +355,22 @@ impl Builder {
         }
         let index = self.next_source();
         let span_layer = self.indexed.len() as u32;
+        // The tree of the layers before this one: what the own tree's directories stand
+        // on, and from the second layer on a prefix (the last tree is the bootstrap's).
+        let lower = self.tree.clone();
+        let mut own = own_tree::OwnTree::new(&lower);
+        let indexed = gzip_index::index_layer(
+            &mut self.tree,
+            &mut own,
+            &mut self.store,
+            layer,
+            index,
+            span_layer,
+        )?;
+        self.own_layers.push((index, own.into_tree()));
         if !self.indexed.is_empty() {
-            // The tree of the layers before this one (the last tree is the bootstrap's).
-            self.prefixes.push((self.layers - 1, self.tree.clone()));
+            self.prefixes.push((index, lower));
         }
-        let indexed =
-            gzip_index::index_layer(&mut self.tree, &mut self.store, layer, index, span_layer)?;
         let id = (indexed.digest, indexed.size);
         self.indexed.push(indexed);
         Ok(id)
@@ -363,6 +412,7 @@ impl Builder {
             prefetch: &self.opts.prefetch,
             indexed: &self.indexed,
             prefixes: &self.prefixes,
+            own_layers: &self.own_layers,
         };
         let w = writer::write(&self.tree, &mut self.store, &params)?;
         let seconds = self.started.elapsed().as_secs_f64();
@@ -404,6 +454,16 @@ impl Builder {
                 .map(|&(layers, bytes, sha256)| LayerBootstrap {
                     layers,
                     path: self.out_dir.join(format!("bootstrap.layers-{layers}")),
+                    bytes,
+                    digest: format!("sha256:{}", hex::encode(sha256)),
+                })
+                .collect(),
+            own_layer_bootstraps: w
+                .own_layers
+                .iter()
+                .map(|&(layer, bytes, sha256)| OwnLayerBootstrap {
+                    layer,
+                    path: self.out_dir.join(own_layer_file(layer)),
                     bytes,
                     digest: format!("sha256:{}", hex::encode(sha256)),
                 })

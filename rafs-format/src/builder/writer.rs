@@ -74,6 +74,9 @@ pub(crate) struct Written {
     /// The bootstraps of the layer prefixes ([`WriteParams::prefixes`]): how many
     /// layers each covers, its size and sha256.
     pub prefixes: Vec<(u32, u64, [u8; 32])>,
+    /// The bootstraps of the layers' own trees ([`WriteParams::own_layers`]): the
+    /// layer, its size and sha256.
+    pub own_layers: Vec<(u32, u64, [u8; 32])>,
 }
 
 /// What every bootstrap of one build shares: the chunks' final numbers and the chunk,
@@ -200,6 +203,16 @@ pub(crate) struct WriteParams<'a> {
     /// each `(layers, tree)`, written as `bootstrap.layers-<layers>` beside the
     /// bootstrap with the same chunk, blob and checkpoint tables.
     pub prefixes: &'a [(u32, Tree)],
+    /// Each indexed layer's own tree (format.md §17.7), `(layer, tree)`, written as
+    /// [`own_layer_file`] beside the bootstrap with the same chunk, blob and checkpoint
+    /// tables. Adds no chunk to them: every file of a layer's own tree is also in the
+    /// tree after that layer, a prefix or the final tree.
+    pub own_layers: &'a [(u32, Tree)],
+}
+
+/// The file name of layer `layer`'s own-tree bootstrap.
+pub(crate) fn own_layer_file(layer: u32) -> String {
+    format!("bootstrap.layer-{layer}")
 }
 
 pub(crate) fn write(
@@ -436,6 +449,7 @@ pub(crate) fn write(
         stored_bytes,
         prefetch_missing,
         prefixes: Vec::new(),
+        own_layers: Vec::new(),
     };
     write_file(params.out_dir, "bootstrap", &bytes)?;
     for (layers, prefix) in params.prefixes {
@@ -454,7 +468,62 @@ pub(crate) fn write(
         w.prefixes
             .push((*layers, bytes.len() as u64, Sha256::digest(&bytes).into()));
     }
+    for (layer, own) in params.own_layers {
+        let (order, ino_of, parent_of) = number_inodes(own);
+        check_chunks_placed(
+            own,
+            &order,
+            store,
+            &tables.final_index,
+            *layer,
+            params.out_dir,
+        )?;
+        let own_order = TreeOrder {
+            order: &order,
+            ino_of: &ino_of,
+            parent_of: &parent_of,
+        };
+        let (bytes, _) = tree_bootstrap(own, &own_order, store, &tables, params, &[])?;
+        write_file(params.out_dir, &own_layer_file(*layer), &bytes)?;
+        w.own_layers
+            .push((*layer, bytes.len() as u64, Sha256::digest(&bytes).into()));
+    }
     Ok(w)
+}
+
+/// Refuses a layer's own tree (`order`: its nodes) that names a chunk the shared chunk
+/// table lacks. None should (its files are all in a tree whose chunks were placed), but
+/// the tables are fixed by then, so a miss is a builder bug to report, not a chunk to
+/// add.
+fn check_chunks_placed(
+    tree: &Tree,
+    order: &[NodeId],
+    store: &ChunkStore,
+    final_index: &HashMap<u32, u32>,
+    layer: u32,
+    out_dir: &Path,
+) -> Result<()> {
+    for &node in order {
+        let NodeData::File { pieces, .. } = &tree.node(node).data else {
+            continue;
+        };
+        let occurrences = &store.occurrences[pieces.start as usize..pieces.end as usize];
+        if let Some(occ) = occurrences
+            .iter()
+            .find(|occ| occ.chunk != HOLE && !final_index.contains_key(&occ.chunk))
+        {
+            return Err(Error::InvalidInput {
+                path: out_dir.to_path_buf(),
+                reason: format!(
+                    "layer {layer}'s own tree names chunk {} that the index's chunk table \
+                     lacks (a builder bug: its files should all be in a prefix or the \
+                     final tree)",
+                    occ.chunk
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Writes `name` in `dir` whole (a temp file renamed into place).
