@@ -19,7 +19,8 @@ use crate::convert::{compress_file, pull_layers, sha256_file, ConvertProgress};
 use crate::registry::client::RegistryClient;
 use crate::registry::image::{
     self, PlatformImage, BLOB_MEDIA_TYPE, BOOTSTRAP_DIGEST_ANNOTATION, BOOTSTRAP_MEDIA_TYPE,
-    INDEX_LAYERS_ANNOTATION, SOURCE_DIGEST_ANNOTATION,
+    INDEX_DIFF_SIZE_ANNOTATION, INDEX_LAYERS_ANNOTATION, INDEX_LAYER_ANNOTATION,
+    SOURCE_DIGEST_ANNOTATION,
 };
 use crate::registry::reference::{Platform, Reference};
 use crate::registry::referrers::{self, Artifact, Descriptor};
@@ -266,6 +267,32 @@ async fn index_one(
                 (
                     INDEX_LAYERS_ANNOTATION.to_string(),
                     prefix.layers.to_string(),
+                ),
+            ]
+            .into(),
+        });
+    }
+    // Each layer's own tree (format.md §17.7), for containers/storage's additional
+    // layer store.
+    for tree in &build.own_layer_bootstraps {
+        let zst = work.join(format!("bootstrap.layer-{}.zst", tree.layer));
+        compress_file(&tree.path, &zst)?;
+        let (digest, size) = sha256_file(&zst)?;
+        progress.push_total.fetch_add(size, Ordering::Relaxed);
+        client
+            .push_blob(&repo, &digest, size, &zst, None, &on_progress)
+            .await?;
+        pushed_layers.push(Descriptor {
+            media_type: BOOTSTRAP_MEDIA_TYPE.into(),
+            digest,
+            size,
+            artifact_type: None,
+            annotations: [
+                (BOOTSTRAP_DIGEST_ANNOTATION.to_string(), tree.digest.clone()),
+                (INDEX_LAYER_ANNOTATION.to_string(), tree.layer.to_string()),
+                (
+                    INDEX_DIFF_SIZE_ANNOTATION.to_string(),
+                    tree.diff_size.to_string(),
                 ),
             ]
             .into(),

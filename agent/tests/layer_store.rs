@@ -483,3 +483,167 @@ fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
     drop(podman);
     drop(agent);
 }
+
+/// `podman ARGS` in `podman`'s setup, its stdout's lines sorted (byte order: a
+/// listing, whatever order the directories come in).
+fn listing(podman: &Podman, args: &[&str]) -> Vec<String> {
+    let out = podman.ok(args);
+    let mut lines: Vec<String> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn podman_runs_an_indexed_plain_image_from_each_layers_own_tree() {
+    oci::require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("talsi")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start();
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let big = oci::pseudo_random(3 << 20, 12);
+    let base = vec![
+        ("bin/sh", busybox.clone()),
+        ("bin/cat", busybox.clone()),
+        ("bin/ls", busybox),
+        ("data/gone", b"deleted by the top layer\n".to_vec()),
+        ("data/dir/old", b"hidden by an opaque dir\n".to_vec()),
+    ];
+    let middle = vec![
+        ("data/hello", b"hello from the middle layer\n".to_vec()),
+        ("data/big", big.clone()),
+    ];
+    // The top layer deletes a file and makes a directory opaque: Podman stacks each
+    // layer's `diff` as an overlay lower directory, so these must be overlay
+    // whiteouts in the top layer's tree.
+    let top = vec![
+        ("data/.wh.gone", Vec::new()),
+        ("data/dir/.wh..wh..opq", Vec::new()),
+        ("data/dir/new", b"the top layer's\n".to_vec()),
+    ];
+    let process = serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]});
+    let executables = ["bin/sh", "bin/cat", "bin/ls"];
+    let layout = t.path().join("layout");
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[base.clone(), middle.clone(), top],
+        &executables,
+        process.clone(),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/idx");
+    let src = format!("{}/src/idx:v1", registry.addr);
+    support::index(t.path(), &src, &[]);
+    // Another plain image on the same two first layers, never indexed: Podman pulls
+    // its own top layer and builds it on the two it already has from the store.
+    let other_layout = t.path().join("other");
+    build_files_image_with(
+        &other_layout,
+        "amd64",
+        &[
+            base,
+            middle,
+            vec![("data/other", b"another image's top\n".to_vec())],
+        ],
+        &executables,
+        process,
+    );
+    registry.push_layout(&other_layout, oci::TAG, "src/other");
+    let other = format!("{}/src/other:v1", registry.addr);
+
+    // Served by `tessera store`, the agent run for the store alone.
+    let root = t.path().join("store");
+    let agent = AgentProcess::start_store(
+        &t.path().join("agent"),
+        &root,
+        &["--no-p2p", "--prefetch", "none"],
+    );
+    let podman = Podman::new(&t.path().join("podman"), &root);
+
+    podman.ok(&["pull", "--tls-verify=false", &src]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&get(&registry.addr, "src/idx", "manifests/v1")).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap();
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "Podman fetched the config and no layer; the agent's log:\n{}",
+        agent.log()
+    );
+    // Each layer's diff is that layer's own tree, with the top layer's whiteout and
+    // opaque directory in overlayfs's form.
+    let image = root.join(entry(&src));
+    let layers = manifest["layers"].as_array().unwrap();
+    let top_diff = image
+        .join(layers[2]["digest"].as_str().unwrap())
+        .join("diff");
+    let whiteout = std::fs::symlink_metadata(top_diff.join("data/gone")).unwrap();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    assert!(
+        whiteout.file_type().is_char_device() && whiteout.rdev() == 0,
+        "the top layer's whiteout is a character device 0/0"
+    );
+    let middle_diff = image
+        .join(layers[1]["digest"].as_str().unwrap())
+        .join("diff");
+    let mut names: Vec<String> = std::fs::read_dir(middle_diff.join("data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["big", "hello"], "the middle layer's own files only");
+
+    assert_eq!(
+        listing(
+            &podman,
+            &["run", "--rm", &src, "/bin/ls", "/data", "/data/dir"]
+        ),
+        ["", "/data/dir:", "/data:", "big", "dir", "hello", "new"],
+        "the container sees the layers stacked: the whiteout and the opaque dir apply"
+    );
+    let read = podman.ok(&["run", "--rm", &src, "/bin/cat", "/data/big"]);
+    assert!(read == big, "the container reads data/big's exact bytes");
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config],
+        "running fetched no layer through Podman"
+    );
+
+    // The other image reuses the two layers from the store and pulls only its top.
+    podman.ok(&["pull", "--tls-verify=false", &other]);
+    let other_manifest: serde_json::Value =
+        serde_json::from_slice(&get(&registry.addr, "src/other", "manifests/v1")).unwrap();
+    let other_top = other_manifest["layers"][2]["digest"].as_str().unwrap();
+    let other_config = other_manifest["config"]["digest"].as_str().unwrap();
+    assert_eq!(
+        podman_blob_gets(&registry),
+        [config, other_config, other_top],
+        "the other image's first two layers came from the store"
+    );
+    assert_eq!(
+        listing(
+            &podman,
+            &["run", "--rm", &other, "/bin/ls", "/data", "/data/dir"]
+        ),
+        [
+            "",
+            "/data/dir:",
+            "/data:",
+            "big",
+            "dir",
+            "gone",
+            "hello",
+            "old",
+            "other"
+        ],
+        "built on the store's layers, the other image sees exactly its own layers"
+    );
+    drop(podman);
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+}

@@ -259,6 +259,11 @@ fn each_layer_tree_holds_exactly_its_layers_changes() {
     for (k, s) in summary.own_layer_bootstraps.iter().enumerate() {
         assert_eq!(s.layer, k as u32);
         assert_eq!(s.path, index.join(format!("bootstrap.layer-{k}")));
+        // The layer's tar, decompressed: containers/storage's diff size.
+        let mut tar = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&layers[k][..]), &mut tar)
+            .unwrap();
+        assert_eq!(s.diff_size, tar.len() as u64, "layer {k}'s diff size");
         let bytes = std::fs::read(&s.path).unwrap();
         assert_eq!(
             (s.bytes, &s.digest[7..]),

@@ -750,3 +750,47 @@ impl BlobSource for RemoteBlobs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bootstrap(annotations: &[(&str, &str)]) -> Descriptor {
+        let mut d = Descriptor::new(
+            BOOTSTRAP_MEDIA_TYPE.into(),
+            10,
+            oci_spec::image::Digest::try_from(format!("sha256:{}", "a".repeat(64))).unwrap(),
+        );
+        d.set_annotations(Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ));
+        d
+    }
+
+    #[test]
+    fn an_index_bootstrap_says_which_tree_it_holds() {
+        assert_eq!(tree_of(&bootstrap(&[])), Some(Layers::All));
+        assert_eq!(
+            tree_of(&bootstrap(&[(INDEX_LAYERS_ANNOTATION, "2")])),
+            Some(Layers::First(2))
+        );
+        assert_eq!(
+            tree_of(&bootstrap(&[(INDEX_LAYER_ANNOTATION, "0")])),
+            Some(Layers::Only(0))
+        );
+        // Nothing asks for a tree that does not parse, or claims to be two.
+        assert_eq!(tree_of(&bootstrap(&[(INDEX_LAYER_ANNOTATION, "x")])), None);
+        assert_eq!(
+            tree_of(&bootstrap(&[
+                (INDEX_LAYERS_ANNOTATION, "1"),
+                (INDEX_LAYER_ANNOTATION, "1")
+            ])),
+            None
+        );
+        assert_eq!(Layers::first(None), Layers::All);
+        assert_eq!(Layers::first(Some(3)), Layers::First(3));
+    }
+}

@@ -28,6 +28,8 @@ pub(crate) struct IndexedLayer {
     /// sha256 and length of the compressed layer: its blob record.
     pub digest: [u8; 32],
     pub size: u64,
+    /// The layer decompressed: its tar's length.
+    pub uncompressed: u64,
     /// The layer's checkpoints, windows dropped (they are chunks now).
     pub checkpoints: Vec<Checkpoint>,
     /// The occurrence holding each checkpoint's window.
@@ -79,6 +81,7 @@ pub(crate) fn index_layer(
         entry: "<end of archive>".into(),
         reason: format!("read gzip stream: {e}"),
     })?;
+    let uncompressed = gz.position();
     let mut checkpoints = gz.take_checkpoints();
     let marks = gz.take_marks();
     let mut windows = Vec::with_capacity(checkpoints.len());
@@ -95,6 +98,7 @@ pub(crate) fn index_layer(
     Ok(IndexedLayer {
         digest: hashing.hasher.finalize().into(),
         size: hashing.len,
+        uncompressed,
         checkpoints,
         windows,
         marks,

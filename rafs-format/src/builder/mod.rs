@@ -105,6 +105,9 @@ pub struct OwnLayerBootstrap {
     pub bytes: u64,
     /// `sha256:<hex>` of the bootstrap.
     pub digest: String,
+    /// The layer's own length uncompressed (its tar's): what containers/storage calls
+    /// its diff size.
+    pub diff_size: u64,
 }
 
 /// A blob's digest and size.
@@ -458,14 +461,17 @@ impl Builder {
                     digest: format!("sha256:{}", hex::encode(sha256)),
                 })
                 .collect(),
+            // One tree per indexed layer, in the same order.
             own_layer_bootstraps: w
                 .own_layers
                 .iter()
-                .map(|&(layer, bytes, sha256)| OwnLayerBootstrap {
+                .zip(&self.indexed)
+                .map(|(&(layer, bytes, sha256), indexed)| OwnLayerBootstrap {
                     layer,
                     path: self.out_dir.join(own_layer_file(layer)),
                     bytes,
                     digest: format!("sha256:{}", hex::encode(sha256)),
+                    diff_size: indexed.uncompressed,
                 })
                 .collect(),
         })
