@@ -163,6 +163,30 @@ pub enum Error {
     #[error("chunk cache: {reason}")]
     Cache { reason: String },
 
+    /// CRIU could not be run, or a dump or restore failed; `reason` carries what CRIU
+    /// logged last and what to do (`tessera checkpoint`, `tessera restore`).
+    #[error("criu {action}: {reason}")]
+    Criu { action: String, reason: String },
+
+    /// A checkpoint image cannot be restored on this node: it records no CRIU version,
+    /// or one this node's CRIU cannot restore; `reason` names both and what to do.
+    #[error("checkpoint {image} cannot be restored here: {reason}")]
+    CheckpointIncompatible { image: String, reason: String },
+
+    /// `tessera checkpoint` dumped and stopped a process but could not push its
+    /// checkpoint: the CRIU images are kept so the process is not lost.
+    #[error(
+        "process {pid} was dumped and stopped, but its checkpoint was not pushed: {cause}. \
+         Its CRIU images are kept in {}: `criu restore -D {} --shell-job --restore-detached` \
+         starts it again",
+        kept.display(), kept.display()
+    )]
+    CheckpointNotPushed {
+        pid: u32,
+        kept: PathBuf,
+        cause: Box<Error>,
+    },
+
     /// Building or reading the image format failed.
     #[error(transparent)]
     Format(#[from] rafs_format::Error),

@@ -12,11 +12,14 @@
 //!   up in (`--store-root`).
 //! - [`pull`]: `tessera pull`, a Tessera image into containerd for its snapshotter,
 //!   without the CRI plugin.
+//! - [`checkpoint`]: `tessera checkpoint` and `tessera restore`, a process tree dumped
+//!   by CRIU as a Tessera image, and restored from the agent's lazy mount of it.
 //!
 //! Errors: one [`Error`] enum for the crate; the binary wraps it in `anyhow`.
 
 pub mod api;
 pub mod cache;
+pub mod checkpoint;
 pub mod config;
 pub mod containerd;
 pub mod convert;

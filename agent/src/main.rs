@@ -1,7 +1,7 @@
 //! `tessera`: the node agent and its command-line tools.
 //!
 //! The binary carries the image tools (`build`, `inspect`, `check`, `unpack`, the last
-//! three also on registry images), `convert`, `index`, the daemon (`tessera agent`) and its
+//! three also on registry images), `convert`, `index`, `checkpoint` and `restore`, the daemon (`tessera agent`) and its
 //! clients (`mount`, `umount`, `status`), `pull` and `containerd-config`; the work is done by
 //! the library (`tessera_agent`), one module per part of the data path.
 
@@ -36,6 +36,10 @@ enum Command {
     /// Index a plain gzip image so it starts lazily without conversion; the index is
     /// pushed beside it (an OCI referrer of its manifest).
     Index(Box<commands::index::IndexArgs>),
+    /// Checkpoint a running process tree with CRIU and push it as a Tessera image.
+    Checkpoint(Box<commands::checkpoint::CheckpointArgs>),
+    /// Restore a checkpoint (`tessera checkpoint`) from a lazy mount the agent makes.
+    Restore(Box<commands::checkpoint::RestoreArgs>),
     /// Run the node agent: lazy mounts, the chunk cache, the local API.
     Agent(Box<commands::agent::AgentArgs>),
     /// Run the agent for Podman's, Buildah's and CRI-O's additional layer store at
@@ -84,6 +88,8 @@ fn main() {
         Command::Unpack(args) => commands::image::unpack(args),
         Command::Convert(args) => commands::convert::convert(*args),
         Command::Index(args) => commands::index::index(*args),
+        Command::Checkpoint(args) => commands::checkpoint::checkpoint(*args),
+        Command::Restore(args) => commands::checkpoint::restore(*args),
         Command::Agent(args) => commands::agent::agent(*args),
         Command::Store(args) => commands::agent::store(*args),
         Command::Mount(args) => commands::agent::mount(args),

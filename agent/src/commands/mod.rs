@@ -2,6 +2,7 @@
 //! (here, so that no group depends on another for them).
 
 pub mod agent;
+pub mod checkpoint;
 pub mod containerd;
 pub mod convert;
 pub mod image;

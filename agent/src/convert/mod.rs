@@ -491,28 +491,9 @@ impl Job<'_> {
             tally.count(outcome, size);
         }
 
-        let mut layers: Vec<serde_json::Value> = build
-            .blobs
-            .iter()
-            .map(|b| {
-                json!({
-                    "mediaType": BLOB_MEDIA_TYPE,
-                    "digest": b.digest,
-                    "size": b.size,
-                    "annotations": { BLOB_ANNOTATION: "true" },
-                })
-            })
-            .collect();
-        layers.push(json!({
-            "mediaType": BOOTSTRAP_MEDIA_TYPE,
-            "digest": bootstrap_digest,
-            "size": bootstrap_size,
-            "annotations": {
-                BOOTSTRAP_ANNOTATION: "true",
-                BOOTSTRAP_DIGEST_ANNOTATION: build.bootstrap_digest,
-                SOURCE_DIGEST_ANNOTATION: source.raw.digest,
-            },
-        }));
+        let mut source_digest = serde_json::Map::new();
+        source_digest.insert(SOURCE_DIGEST_ANNOTATION.into(), json!(source.raw.digest));
+        let layers = tessera_layers(build, &bootstrap_digest, bootstrap_size, source_digest);
         let manifest = json!({
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
@@ -589,6 +570,119 @@ impl Job<'_> {
         self.time(|t| &mut t.push, t);
         Ok(digest)
     }
+}
+
+/// The layer descriptors of a Tessera image's manifest: its blobs, then its bootstrap
+/// (zstd) annotated with its uncompressed digest and `bootstrap_annotations`.
+fn tessera_layers(
+    build: &BuildSummary,
+    bootstrap_digest: &str,
+    bootstrap_size: u64,
+    bootstrap_annotations: serde_json::Map<String, serde_json::Value>,
+) -> Vec<serde_json::Value> {
+    let mut layers: Vec<serde_json::Value> = build
+        .blobs
+        .iter()
+        .map(|b| {
+            json!({
+                "mediaType": BLOB_MEDIA_TYPE,
+                "digest": b.digest,
+                "size": b.size,
+                "annotations": { BLOB_ANNOTATION: "true" },
+            })
+        })
+        .collect();
+    let mut annotations = bootstrap_annotations;
+    annotations.insert(BOOTSTRAP_ANNOTATION.into(), json!("true"));
+    annotations.insert(
+        BOOTSTRAP_DIGEST_ANNOTATION.into(),
+        json!(build.bootstrap_digest),
+    );
+    layers.push(json!({
+        "mediaType": BOOTSTRAP_MEDIA_TYPE,
+        "digest": bootstrap_digest,
+        "size": bootstrap_size,
+        "annotations": annotations,
+    }));
+    layers
+}
+
+/// What [`push_built`] stored in the registry.
+#[derive(Debug, Clone)]
+pub(crate) struct Pushed {
+    /// The manifest's digest.
+    pub digest: String,
+    /// Bytes of the image in the registry: blobs, bootstrap (zstd), config, manifest.
+    pub stored: u64,
+    /// Bytes uploaded (the rest the registry had already).
+    pub pushed: u64,
+    pub reused: u64,
+}
+
+/// Pushes an image dir built without a chunk dictionary (every blob its own) as a
+/// Tessera image `target`: its blob, its bootstrap (zstd, in `work`), `config`, and
+/// last the manifest carrying `annotations`, so a failed push leaves `target` as it was.
+pub(crate) async fn push_built(
+    client: &RegistryClient,
+    target: &Reference,
+    build: &BuildSummary,
+    config: Vec<u8>,
+    annotations: serde_json::Map<String, serde_json::Value>,
+    work: &Path,
+    progress: &ConvertProgress,
+) -> Result<Pushed> {
+    let bootstrap_zst = work.join("bootstrap.zst");
+    compress_file(&build.image_dir.join("bootstrap"), &bootstrap_zst)?;
+    let (bootstrap_digest, bootstrap_size) = sha256_file(&bootstrap_zst)?;
+    let config_path = work.join("config.json");
+    std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
+    let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
+    let config_size = config.len() as u64;
+    let mut uploads = Vec::new();
+    for blob in &build.blobs {
+        if Some(&blob.digest) != build.new_blob.as_ref().map(|b| &b.digest) {
+            return Err(internal(
+                target,
+                format!("blob {} is not the build's own", blob.digest),
+            ));
+        }
+        let path = build.image_dir.join("blobs").join(hex_of(&blob.digest));
+        uploads.push((blob.digest.clone(), blob.size, path));
+    }
+    uploads.push((bootstrap_digest.clone(), bootstrap_size, bootstrap_zst));
+    uploads.push((config_digest.clone(), config_size, config_path));
+    let total: u64 = uploads.iter().map(|u| u.1).sum();
+    progress.push_total.fetch_add(total, Ordering::Relaxed);
+    let on_progress = |n: u64| {
+        progress.pushed.fetch_add(n, Ordering::Relaxed);
+    };
+    let mut tally = PushTally::default();
+    for (digest, size, path) in &uploads {
+        let outcome = client
+            .push_blob(target, digest, *size, path, None, &on_progress)
+            .await?;
+        tally.count(outcome, *size);
+    }
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {
+            "mediaType": OCI_CONFIG,
+            "digest": config_digest,
+            "size": config_size,
+        },
+        "layers": tessera_layers(build, &bootstrap_digest, bootstrap_size, serde_json::Map::new()),
+        "annotations": annotations,
+    });
+    let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(target, e))?;
+    let manifest_size = manifest.len() as u64;
+    let digest = client.push_manifest(target, OCI_MANIFEST, manifest).await?;
+    Ok(Pushed {
+        digest,
+        stored: total + manifest_size,
+        pushed: tally.pushed + manifest_size,
+        reused: tally.reused,
+    })
 }
 
 fn hex_of(digest: &str) -> &str {

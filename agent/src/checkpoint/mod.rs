@@ -1,0 +1,487 @@
+//! Application checkpoints as Tessera images (issue 29, first step): `tessera
+//! checkpoint` dumps a running process tree with CRIU and pushes the dump as a Tessera
+//! image; `tessera restore` has the node's agent mount that image lazily and lets CRIU
+//! restore the tree from the mount.
+//!
+//! A checkpoint image is an ordinary Tessera image (format.md) whose tree is CRIU's
+//! images directory, chunked with content-defined chunking so that successive
+//! checkpoints of an application share chunks. What a restore needs to know about the
+//! dumping node is on the manifest as `io.tessera.checkpoint.*` annotations ([`node`]),
+//! and in more detail in the image config's `io.tessera.checkpoint` object.
+//!
+//! Restore reads the CRIU images from the agent's FUSE mount (every chunk verified,
+//! peers first, then the origin) and the mount is dropped once `criu restore
+//! --restore-detached` returns: CRIU has read what it needs by then.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rafs_format::builder::{BuildOptions, BuildSummary, Builder};
+use serde::Serialize;
+use serde_json::json;
+
+pub mod criu;
+pub mod node;
+
+pub use criu::{Criu, CriuVersion};
+pub use node::NodeInfo;
+
+use crate::api::{self, Request};
+use crate::convert::{push_built, ConvertProgress};
+use crate::registry::client::RegistryClient;
+use crate::registry::image;
+use crate::registry::reference::{Platform, Reference};
+use crate::{Error, Result};
+
+/// The process id the tree had: CRIU restores it with the same one.
+pub const PID_ANNOTATION: &str = "io.tessera.checkpoint.pid";
+/// The dumped tree's root process name (`/proc/PID/comm`; never its command line,
+/// which may carry secrets).
+pub const PROCESS_ANNOTATION: &str = "io.tessera.checkpoint.process";
+
+/// What to checkpoint and how.
+#[derive(Debug, Clone)]
+pub struct CheckpointOptions {
+    /// The root of the process tree.
+    pub pid: u32,
+    /// Keep the tree running after the dump (else CRIU kills it once dumped).
+    pub leave_running: bool,
+    pub criu: Criu,
+    /// How the dump is chunked and compressed (the command asks for CDC).
+    pub build: BuildOptions,
+    /// Scratch space for the dump and the built image (removed by the caller).
+    pub work_dir: PathBuf,
+}
+
+/// What `tessera checkpoint` did, for people (`Display`) and machines (`Serialize`).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointSummary {
+    pub target: String,
+    pub digest: String,
+    pub pid: u32,
+    pub process: String,
+    pub left_running: bool,
+    pub criu_version: String,
+    pub kernel: String,
+    /// Bytes of CRIU's images (the dump directory's files).
+    pub dumped_bytes: u64,
+    pub dumped_files: u64,
+    /// Bytes of the image in the registry (blob, bootstrap, config, manifest).
+    pub stored_bytes: u64,
+    /// Bytes uploaded by this push.
+    pub pushed_bytes: u64,
+    /// Bytes the registry already had (an unchanged checkpoint pushed again).
+    pub reused_bytes: u64,
+    pub build: BuildSummary,
+    pub dump_seconds: f64,
+    pub build_seconds: f64,
+    pub push_seconds: f64,
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for CheckpointSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        writeln!(
+            f,
+            "checkpointed pid {} ({}) -> {}",
+            self.pid, self.process, self.target
+        )?;
+        writeln!(f, "  digest     {}", self.digest)?;
+        writeln!(
+            f,
+            "  bytes      {:.1} MiB dumped ({} files); {:.1} MiB stored in the registry ({} chunks, {:.1}x smaller), {:.1} MiB pushed, {:.1} MiB already there",
+            mib(self.dumped_bytes),
+            self.dumped_files,
+            mib(self.stored_bytes),
+            self.build.unique_chunks,
+            self.dumped_bytes as f64 / self.stored_bytes.max(1) as f64,
+            mib(self.pushed_bytes),
+            mib(self.reused_bytes)
+        )?;
+        writeln!(
+            f,
+            "  time       {:.2} s (dump {:.2} s, build {:.2} s, push {:.2} s); the process was {}",
+            self.seconds,
+            self.dump_seconds,
+            self.build_seconds,
+            self.push_seconds,
+            if self.left_running {
+                "left running"
+            } else {
+                "stopped"
+            }
+        )?;
+        writeln!(
+            f,
+            "  node       CRIU {}, kernel {}",
+            self.criu_version, self.kernel
+        )
+    }
+}
+
+/// Dumps process tree `opts.pid` with CRIU and pushes the dump as Tessera image
+/// `target` (a tag). If the dump stopped the tree and a later step fails, the dump is
+/// kept on disk and the error says where ([`Error::CheckpointNotPushed`]).
+#[tracing::instrument(skip_all, fields(pid = opts.pid, target = %target))]
+pub async fn checkpoint(
+    client: Arc<RegistryClient>,
+    target: &Reference,
+    opts: &CheckpointOptions,
+    progress: &ConvertProgress,
+) -> Result<CheckpointSummary> {
+    let started = Instant::now();
+    if target.digest.is_some() {
+        return Err(Error::Reference {
+            input: target.to_string(),
+            reason: "the target must be a tag: its digest is only known after the push".into(),
+        });
+    }
+    let node = NodeInfo::probe(&opts.criu)?;
+    let comm_path = PathBuf::from(format!("/proc/{}/comm", opts.pid));
+    let process = std::fs::read_to_string(&comm_path)
+        .map_err(|e| Error::Criu {
+            action: "dump".into(),
+            reason: format!("no process {} to checkpoint ({e})", opts.pid),
+        })?
+        .trim()
+        .to_string();
+    let images = opts.work_dir.join("dump");
+    let criu_work = opts.work_dir.join("criu");
+    for dir in [&images, &criu_work] {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    }
+
+    progress.set_phase(format!("dump pid {}", opts.pid));
+    let t = Instant::now();
+    let (criu, pid, leave_running) = (opts.criu.clone(), opts.pid, opts.leave_running);
+    let (dump_dir, work) = (images.clone(), criu_work.clone());
+    tokio::task::spawn_blocking(move || criu.dump(pid, &dump_dir, &work, leave_running))
+        .await
+        .map_err(|e| task_failed("dump", e))??;
+    let dump_seconds = t.elapsed().as_secs_f64();
+    let (dumped_files, dumped_bytes) = dir_size(&images)?;
+    tracing::info!(dumped_bytes, dumped_files, dump_seconds, "dumped");
+
+    let after_dump = async {
+        progress.set_phase("build checkpoint".into());
+        let t = Instant::now();
+        let mut build_opts = opts.build.clone();
+        build_opts.progress = Some(progress.build.clone());
+        let out = opts.work_dir.join("image");
+        let dump_dir = images.clone();
+        let build = tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
+            let mut builder = Builder::new(&out, build_opts)?;
+            builder.add_dir(&dump_dir)?;
+            builder.finish()
+        })
+        .await
+        .map_err(|e| task_failed("build", e))??;
+        let build_seconds = t.elapsed().as_secs_f64();
+
+        progress.set_phase(format!("push {target}"));
+        let t = Instant::now();
+        let config = image_config(&node, opts, &process, dumped_bytes, &build)?;
+        let mut annotations: serde_json::Map<String, serde_json::Value> = node
+            .annotations()
+            .into_iter()
+            .map(|(k, v)| (k, json!(v)))
+            .collect();
+        annotations.insert(PID_ANNOTATION.into(), json!(opts.pid.to_string()));
+        annotations.insert(PROCESS_ANNOTATION.into(), json!(process));
+        let pushed = push_built(
+            &client,
+            target,
+            &build,
+            config,
+            annotations,
+            &opts.work_dir,
+            progress,
+        )
+        .await?;
+        Ok::<_, Error>((build, build_seconds, pushed, t.elapsed().as_secs_f64()))
+    };
+    let (build, build_seconds, pushed, push_seconds) = match after_dump.await {
+        Ok(done) => done,
+        Err(cause) if !opts.leave_running => return Err(keep_dump(opts.pid, &images, cause)),
+        Err(cause) => return Err(cause),
+    };
+    Ok(CheckpointSummary {
+        target: target.to_string(),
+        digest: pushed.digest,
+        pid: opts.pid,
+        process,
+        left_running: opts.leave_running,
+        criu_version: node.criu.to_string(),
+        kernel: node.kernel,
+        dumped_bytes,
+        dumped_files,
+        stored_bytes: pushed.stored,
+        pushed_bytes: pushed.pushed,
+        reused_bytes: pushed.reused,
+        build,
+        dump_seconds,
+        build_seconds,
+        push_seconds,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn task_failed(what: &str, e: tokio::task::JoinError) -> Error {
+    Error::Criu {
+        action: what.into(),
+        reason: format!("its task ended without finishing: {e}"),
+    }
+}
+
+/// Moves a dump whose process is gone out of the scratch dir (which the caller
+/// removes) and wraps `cause` in the error that says where it is.
+fn keep_dump(pid: u32, images: &Path, cause: Error) -> Error {
+    let kept = std::env::temp_dir().join(format!(
+        "tessera-checkpoint-{pid}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    ));
+    match std::fs::rename(images, &kept) {
+        Ok(()) => Error::CheckpointNotPushed {
+            pid,
+            kept,
+            cause: Box::new(cause),
+        },
+        Err(e) => {
+            tracing::error!(error = %e, dump = %images.display(), "could not keep the dump");
+            cause
+        }
+    }
+}
+
+/// Regular files under `dir` (CRIU's images are flat) and their bytes.
+fn dir_size(dir: &Path) -> Result<(u64, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))? {
+        let entry = entry.map_err(|e| Error::io("read", dir, e))?;
+        let meta = entry
+            .metadata()
+            .map_err(|e| Error::io("stat", entry.path(), e))?;
+        if meta.is_file() {
+            files += 1;
+            bytes += meta.len();
+        }
+    }
+    Ok((files, bytes))
+}
+
+/// An OCI image config for the checkpoint: the platform, the layers' diff IDs (as
+/// `tessera convert` writes them), and everything recorded about the dump under
+/// `io.tessera.checkpoint`.
+fn image_config(
+    node: &NodeInfo,
+    opts: &CheckpointOptions,
+    process: &str,
+    dumped_bytes: u64,
+    build: &BuildSummary,
+) -> Result<Vec<u8>> {
+    let platform = Platform::host();
+    let mut diff_ids: Vec<&str> = build.blobs.iter().map(|b| b.digest.as_str()).collect();
+    diff_ids.push(&build.bootstrap_digest);
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let config = json!({
+        "architecture": platform.architecture,
+        "os": platform.os,
+        "rootfs": { "type": "layers", "diff_ids": diff_ids },
+        "io.tessera.checkpoint": {
+            "criu_version": node.criu.to_string(),
+            "kernel": node.kernel,
+            "cpu_model": node.cpu_model,
+            "cpu_flags": node.cpu_flags,
+            "pid": opts.pid,
+            "process": process,
+            "left_running": opts.leave_running,
+            "dumped_bytes": dumped_bytes,
+            "criu_extra_args": opts.criu.extra_args,
+            "created_unix_seconds": created,
+        },
+    });
+    serde_json::to_vec(&config).map_err(|e| Error::Criu {
+        action: "dump".into(),
+        reason: format!("serialise the image config: {e}"),
+    })
+}
+
+/// How to restore.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub criu: Criu,
+    /// The agent's local API socket: it mounts the checkpoint.
+    pub socket: PathBuf,
+    pub platform: Platform,
+    /// Scratch space for the mountpoint and CRIU's log (removed by the caller).
+    pub work_dir: PathBuf,
+}
+
+/// What `tessera restore` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RestoreSummary {
+    pub image: String,
+    pub digest: String,
+    /// The restored tree's root process.
+    pub pid: u32,
+    pub criu_version: String,
+    /// Differences from the dumping node that did not stop the restore.
+    pub notes: Vec<String>,
+    /// Bytes CRIU read through the lazy mount.
+    pub bytes_read: u64,
+    /// Bytes the agent fetched for the mount from the origin (on the wire) and peers.
+    pub origin_wire_bytes: u64,
+    pub peer_bytes: u64,
+    pub mount_seconds: f64,
+    pub restore_seconds: f64,
+    pub seconds: f64,
+}
+
+impl std::fmt::Display for RestoreSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        writeln!(f, "restored pid {} from {}", self.pid, self.image)?;
+        writeln!(f, "  digest     {}", self.digest)?;
+        writeln!(
+            f,
+            "  bytes      {:.1} MiB read through the lazy mount; fetched {:.1} MiB from the origin (on the wire), {:.1} MiB from peers",
+            mib(self.bytes_read),
+            mib(self.origin_wire_bytes),
+            mib(self.peer_bytes)
+        )?;
+        writeln!(
+            f,
+            "  time       {:.2} s (mount {:.2} s, criu restore {:.2} s) with CRIU {}",
+            self.seconds, self.mount_seconds, self.restore_seconds, self.criu_version
+        )?;
+        for note in &self.notes {
+            writeln!(f, "  note       {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Restores checkpoint `reference`: checks it against this node, has the agent on
+/// `opts.socket` mount it lazily, runs `criu restore` from the mount, unmounts.
+#[tracing::instrument(skip_all, fields(image = %reference))]
+pub async fn restore(
+    client: &RegistryClient,
+    reference: &Reference,
+    opts: &RestoreOptions,
+) -> Result<RestoreSummary> {
+    let started = Instant::now();
+    let img = image::resolve_platform(client, reference, &opts.platform).await?;
+    let annotations = manifest_annotations(&img.raw.bytes);
+    let node = NodeInfo::probe(&opts.criu)?;
+    let notes = node::check(&reference.to_string(), &annotations, &node)?;
+    for note in &notes {
+        tracing::warn!(%note, "restoring on a different node");
+    }
+    let recorded_pid = annotations
+        .get(PID_ANNOTATION)
+        .and_then(|p| p.parse::<u32>().ok());
+    if let Some(pid) = recorded_pid {
+        // CRIU gives the tree its old pids back: say so plainly if one is taken.
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            return Err(Error::Criu {
+                action: "restore".into(),
+                reason: format!(
+                    "the checkpoint's process had pid {pid}, which a process on this node \
+                     has now; CRIU restores a tree with its own pids, so stop that process \
+                     first (restoring into a new pid namespace is not supported yet)"
+                ),
+            });
+        }
+    }
+    let mountpoint = opts.work_dir.join("mnt");
+    let criu_work = opts.work_dir.join("criu");
+    for dir in [&mountpoint, &criu_work] {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    }
+    let t = Instant::now();
+    api::call(
+        &opts.socket,
+        Request::Mount {
+            image: img.reference.to_string(),
+            mountpoint: mountpoint.clone(),
+            record: None,
+            platform: None,
+            prefetch: None,
+        },
+    )
+    .await?;
+    let mount_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let criu = opts.criu.clone();
+    let (images, work) = (mountpoint.clone(), criu_work);
+    let restored = tokio::task::spawn_blocking(move || criu.restore(&images, &work))
+        .await
+        .map_err(|e| task_failed("restore", e));
+    let restore_seconds = t.elapsed().as_secs_f64();
+    // The restored tree runs from memory now; the mount is not needed whatever happened.
+    let unmounted = api::call(
+        &opts.socket,
+        Request::Umount {
+            mountpoint: mountpoint.clone(),
+        },
+    )
+    .await;
+    let pid = restored??;
+    let status = match unmounted {
+        Ok(status) => status,
+        Err(e) => {
+            tracing::warn!(error = %e, mountpoint = %mountpoint.display(), "unmount after restore");
+            serde_json::Value::Null
+        }
+    };
+    let number = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    Ok(RestoreSummary {
+        image: reference.to_string(),
+        digest: img.raw.digest.clone(),
+        pid,
+        criu_version: node.criu.to_string(),
+        notes,
+        bytes_read: number(&status["bytes_read"]),
+        origin_wire_bytes: number(&status["pull"]["origin_wire_bytes"]),
+        peer_bytes: number(&status["pull"]["peer_bytes"]),
+        mount_seconds,
+        restore_seconds,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A manifest's string annotations (none if it has none or is not JSON: the check
+/// then says it is not a checkpoint).
+fn manifest_annotations(manifest: &[u8]) -> BTreeMap<String, String> {
+    let value: serde_json::Value = serde_json::from_slice(manifest).unwrap_or_default();
+    value["annotations"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_annotations_are_read_leniently() {
+        let m = br#"{"annotations":{"a":"1","b":2},"layers":[]}"#;
+        let a = manifest_annotations(m);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a["a"], "1");
+        assert!(manifest_annotations(b"not json").is_empty());
+        assert!(manifest_annotations(b"{}").is_empty());
+    }
+}
