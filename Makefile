@@ -75,6 +75,17 @@ bench-swarm:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench swarm
 
+# CRIU 4.2.1 for `tessera checkpoint` / `tessera restore` and agent/tests/checkpoint.rs,
+# built once into target/tools/criu/criu from Debian sid's upstream source tarball (a
+# private deb-src-only apt configuration: nothing is installed from sid) with bookworm's
+# build dependencies; about 2-3 minutes on 2 cores. Bookworm's criu 3.17 fails on this
+# kernel, trixie's 4.1.1 cannot dump a listening TCP socket (issue 29).
+CRIU_DIR := target/tools/criu
+.PHONY: criu-deps
+criu-deps:
+	@bash scripts/criu-deps.sh $(CRIU_DIR)
+test-deps: criu-deps
+
 # matplotlib from PyPI in a venv of its own, for report.py --plots (the suite's PNGs).
 BENCHPLOT := target/tools/benchplot
 BENCHPLOT_PY := $(BENCHPLOT)/bin/python

@@ -1,0 +1,310 @@
+//! Checkpoints end to end (issue 29, first step): a Python HTTP server holding 20 MB of
+//! state is dumped by CRIU 4.2.1 through `tessera checkpoint`, pushed to a real
+//! registry, and brought back by `tessera restore` from a real agent's lazy FUSE
+//! mount; the restored server answers with the same state and its counter continues.
+//! A checkpoint whose manifest records another CRIU version is refused before anything
+//! is mounted.
+//!
+//! Needs CRIU 4.2.1 at target/tools/criu/criu (`make criu-deps`), python3, setsid
+//! (util-linux), fuse3 and docker-registry (`make test-deps`); runs as root.
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::agent::{free_port, AgentProcess};
+use support::registry::{block_on, client, Registry};
+use support::{repo_root, s, tessera};
+use tessera_agent::registry::reference::Reference;
+
+/// A server whose state is worth restoring: 20 MB of random bytes made at start (their
+/// sha256 recomputed on every request, so an answer proves the memory came back) and
+/// a request counter.
+const SERVER: &str = r#"
+import hashlib, http.server, os, sys
+state = bytearray(os.urandom(20 << 20))
+count = 0
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = f"{count} {hashlib.sha256(state).hexdigest()}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"#;
+
+/// CRIU 4.2.1 as `make criu-deps` builds it.
+fn criu() -> PathBuf {
+    let criu = repo_root().join("target/tools/criu/criu");
+    assert!(
+        criu.is_file(),
+        "{} is missing: run `make criu-deps` (CRIU 4.2.1; Debian's criu fails on this kernel)",
+        criu.display()
+    );
+    criu
+}
+
+/// Kills a process (SIGKILL) when dropped, even after a failed assertion: the server
+/// the test started, or the tree CRIU restored.
+struct Killer {
+    pid: u32,
+    /// The server as started, to reap; a restored tree is not our child.
+    child: Option<Child>,
+}
+
+impl Killer {
+    fn kill(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", &self.pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Killer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts the server in a session of its own (`setsid` execs in place, so the child is
+/// python itself) and waits for its first answer.
+fn start_server(port: u16) -> (Killer, String) {
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| !p.starts_with('/') || Path::new(p).exists())
+        .unwrap();
+    let child = Command::new("setsid")
+        .args([python, "-c", SERVER, &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the python server");
+    let server = Killer {
+        pid: child.id(),
+        child: Some(child),
+    };
+    let first = wait_for_answer(port, Duration::from_secs(30)).expect("the server answers");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", server.pid)).unwrap();
+    assert!(comm.starts_with("python"), "pid {} is {comm:?}", server.pid);
+    (server, first)
+}
+
+/// `GET /` on 127.0.0.1:`port`: the body.
+fn get(port: u16) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP answer: {text:?}")))?;
+    if !head.starts_with("HTTP/1.0 200") {
+        return Err(std::io::Error::other(format!("answered {head:?}")));
+    }
+    Ok(body.to_string())
+}
+
+fn wait_for_answer(port: u16, within: Duration) -> Option<String> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(body) = get(port) {
+            return Some(body);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// The counter and the state's digest of an answer.
+fn parse_answer(body: &str) -> (u64, String) {
+    let (count, digest) = body.split_once(' ').expect("COUNT SHA256");
+    (count.parse().expect("a counter"), digest.to_string())
+}
+
+/// `tessera ARGS` without this machine's credentials or config.
+fn run(home: &Path, args: &[&str]) -> Output {
+    tessera()
+        .args(args)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .env("TESSERA_LOG", "info")
+        .output()
+        .expect("run tessera")
+}
+
+fn json_of(out: &Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("a JSON summary")
+}
+
+/// Pushes `reference`'s manifest again as `tag` with its CRIU version annotation set to
+/// `version`, as a checkpoint made by another CRIU would carry it.
+fn retag_with_criu_version(reference: &str, tag: &str, version: &str) -> String {
+    let r = Reference::parse(reference).unwrap();
+    let client = client();
+    let manifest = block_on(client.manifest(&r)).unwrap();
+    let mut value: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
+    assert_eq!(
+        value["annotations"]["io.tessera.checkpoint.criu-version"], "4.2.1",
+        "the checkpoint records the CRIU that made it"
+    );
+    value["annotations"]["io.tessera.checkpoint.criu-version"] = version.into();
+    let target = Reference {
+        tag: Some(tag.to_string()),
+        digest: None,
+        ..r.clone()
+    };
+    block_on(client.push_manifest(
+        &target,
+        &manifest.media_type,
+        serde_json::to_vec(&value).unwrap(),
+    ))
+    .unwrap();
+    target.to_string()
+}
+
+#[test]
+fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
+    let criu = criu();
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path();
+    let registry = Registry::start();
+    let agent = AgentProcess::start(&t.path().join("agent"), &["--prefetch", "none"]);
+    let port = free_port();
+    let (mut server, first) = start_server(port);
+    let (count, state) = parse_answer(&first);
+    assert_eq!(count, 1, "{first}");
+    let second = get(port).unwrap();
+    assert_eq!(parse_answer(&second), (2, state.clone()));
+
+    // Checkpoint: CRIU dumps the server and stops it; the dump is pushed.
+    let reference = format!("{}/checkpoints/server:v1", registry.addr);
+    let pid = server.pid.to_string();
+    let started = Instant::now();
+    let out = run(
+        home,
+        &[
+            "checkpoint",
+            "--json",
+            "--pid",
+            &pid,
+            "--criu",
+            s(&criu),
+            &reference,
+        ],
+    );
+    let checkpoint_wall = started.elapsed();
+    let summary = json_of(&out, "tessera checkpoint");
+    let dumped = summary["dumped_bytes"].as_u64().unwrap();
+    let stored = summary["stored_bytes"].as_u64().unwrap();
+    assert!(dumped > 20 << 20, "the 20 MB of state are dumped: {summary}");
+    assert!(stored > 0 && summary["pushed_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(summary["left_running"], false);
+    assert_eq!(summary["criu_version"], "4.2.1");
+    assert_eq!(summary["process"], "python3");
+    // CRIU killed it: reap it, so its pid is free for the restore.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let child = server.child.as_mut().unwrap();
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server still runs after the dump");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(get(port).is_err(), "the port is closed after the dump");
+
+    // A checkpoint that records another CRIU is refused before anything is mounted.
+    let old = retag_with_criu_version(&reference, "v1-criu-3.17", "3.17.1");
+    let out = tessera()
+        .args(["restore", "--criu", s(&criu), &old, "--socket"])
+        .arg(&agent.socket)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an incompatible checkpoint restored");
+    assert!(
+        stderr.contains("cannot be restored here")
+            && stderr.contains("CRIU 3.17.1")
+            && stderr.contains("this node's CRIU is 4.2.1")
+            && stderr.contains("--criu PATH"),
+        "{stderr}"
+    );
+    assert!(get(port).is_err(), "nothing was restored");
+    assert_eq!(agent.status()["mounts"].as_array().unwrap().len(), 0);
+
+    // Restore from the lazy mount: the same state, the counter continues.
+    let started = Instant::now();
+    let out = tessera()
+        .args(["restore", "--json", "--criu", s(&criu), &reference, "--socket"])
+        .arg(&agent.socket)
+        .env("DOCKER_CONFIG", home)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .env("TESSERA_LOG", "info")
+        .output()
+        .unwrap();
+    let restore_wall = started.elapsed();
+    let restored = json_of(&out, "tessera restore");
+    let restored_pid = u32::try_from(restored["pid"].as_u64().unwrap()).unwrap();
+    let _restored_guard = Killer {
+        pid: restored_pid,
+        child: None,
+    };
+    let answer = wait_for_answer(port, Duration::from_secs(10)).expect("the restored server answers");
+    let first_answer = started.elapsed();
+    assert_eq!(
+        parse_answer(&answer),
+        (3, state.clone()),
+        "the restored server has the dumped state and counter"
+    );
+    assert_eq!(parse_answer(&get(port).unwrap()), (4, state));
+    assert_eq!(restored_pid, server.pid, "CRIU restores the tree's own pid");
+    let read = restored["bytes_read"].as_u64().unwrap();
+    assert!(read > 20 << 20, "CRIU read the pages through the mount: {restored}");
+    assert!(
+        restored["origin_wire_bytes"].as_u64().unwrap() > 0,
+        "the chunks came from the registry: {restored}"
+    );
+    // The mount is gone once CRIU is done with it.
+    assert_eq!(agent.status()["mounts"].as_array().unwrap().len(), 0);
+
+    eprintln!(
+        "checkpoint: {:.1} MiB dumped, {:.1} MiB stored; dump {:.2} s, build {:.2} s, push {:.2} s ({:.2} s wall)\n\
+         restore: {:.2} s wall (mount {:.2} s, criu restore {:.2} s), {:.1} MiB read through the mount, \
+         {:.1} MiB from the origin on the wire; first answer {:.2} s after the restore began",
+        dumped as f64 / 1048576.0,
+        stored as f64 / 1048576.0,
+        summary["dump_seconds"].as_f64().unwrap(),
+        summary["build_seconds"].as_f64().unwrap(),
+        summary["push_seconds"].as_f64().unwrap(),
+        checkpoint_wall.as_secs_f64(),
+        restore_wall.as_secs_f64(),
+        restored["mount_seconds"].as_f64().unwrap(),
+        restored["restore_seconds"].as_f64().unwrap(),
+        read as f64 / 1048576.0,
+        restored["origin_wire_bytes"].as_u64().unwrap() as f64 / 1048576.0,
+        first_answer.as_secs_f64()
+    );
+}
