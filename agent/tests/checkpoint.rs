@@ -200,9 +200,29 @@ fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
     let second = get(port).unwrap();
     assert_eq!(parse_answer(&second), (2, state.clone()));
 
+    // No such process: a clear error, nothing pushed.
+    let none = format!("{}/checkpoints/none:v1", registry.addr);
+    let out = run(
+        home,
+        &["checkpoint", "--pid", "4194305", "--criu", s(&criu), &none],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("no process 4194305"),
+        "{stderr}"
+    );
+
+    // --leave-running: dumped and pushed, and the server goes on serving.
+    let pid = server.pid.to_string();
+    let v0 = format!("{}/checkpoints/server:v0", registry.addr);
+    let args = ["checkpoint", "--json", "--leave-running", "--pid", &pid];
+    let out = run(home, &[&args[..], &["--criu", s(&criu), &v0]].concat());
+    let kept = json_of(&out, "tessera checkpoint --leave-running");
+    assert_eq!(kept["left_running"], true);
+    assert_eq!(parse_answer(&get(port).unwrap()), (3, state.clone()));
+
     // Checkpoint: CRIU dumps the server and stops it; the dump is pushed.
     let reference = format!("{}/checkpoints/server:v1", registry.addr);
-    let pid = server.pid.to_string();
     let started = Instant::now();
     let out = run(
         home,
@@ -220,7 +240,10 @@ fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
     let summary = json_of(&out, "tessera checkpoint");
     let dumped = summary["dumped_bytes"].as_u64().unwrap();
     let stored = summary["stored_bytes"].as_u64().unwrap();
-    assert!(dumped > 20 << 20, "the 20 MB of state are dumped: {summary}");
+    assert!(
+        dumped > 20 << 20,
+        "the 20 MB of state are dumped: {summary}"
+    );
     assert!(stored > 0 && summary["pushed_bytes"].as_u64().unwrap() > 0);
     assert_eq!(summary["left_running"], false);
     assert_eq!(summary["criu_version"], "4.2.1");
@@ -229,7 +252,10 @@ fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let child = server.child.as_mut().unwrap();
     while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the server still runs after the dump");
+        assert!(
+            Instant::now() < deadline,
+            "the server still runs after the dump"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(get(port).is_err(), "the port is closed after the dump");
@@ -258,7 +284,14 @@ fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
     // Restore from the lazy mount: the same state, the counter continues.
     let started = Instant::now();
     let out = tessera()
-        .args(["restore", "--json", "--criu", s(&criu), &reference, "--socket"])
+        .args([
+            "restore",
+            "--json",
+            "--criu",
+            s(&criu),
+            &reference,
+            "--socket",
+        ])
         .arg(&agent.socket)
         .env("DOCKER_CONFIG", home)
         .env("TESSERA_CONFIG", "/dev/null")
@@ -272,17 +305,21 @@ fn a_checkpointed_server_restores_from_a_lazy_mount_with_its_state() {
         pid: restored_pid,
         child: None,
     };
-    let answer = wait_for_answer(port, Duration::from_secs(10)).expect("the restored server answers");
+    let answer =
+        wait_for_answer(port, Duration::from_secs(10)).expect("the restored server answers");
     let first_answer = started.elapsed();
     assert_eq!(
         parse_answer(&answer),
-        (3, state.clone()),
+        (4, state.clone()),
         "the restored server has the dumped state and counter"
     );
-    assert_eq!(parse_answer(&get(port).unwrap()), (4, state));
+    assert_eq!(parse_answer(&get(port).unwrap()), (5, state));
     assert_eq!(restored_pid, server.pid, "CRIU restores the tree's own pid");
     let read = restored["bytes_read"].as_u64().unwrap();
-    assert!(read > 20 << 20, "CRIU read the pages through the mount: {restored}");
+    assert!(
+        read > 20 << 20,
+        "CRIU read the pages through the mount: {restored}"
+    );
     assert!(
         restored["origin_wire_bytes"].as_u64().unwrap() > 0,
         "the chunks came from the registry: {restored}"

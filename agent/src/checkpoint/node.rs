@@ -148,7 +148,8 @@ mod tests {
 
     #[test]
     fn cpuinfo_gives_the_first_cpus_model_and_sorted_flags() {
-        let text = "processor\t: 0\nmodel name\t: Example CPU @ 2GHz\nflags\t\t: sse fpu avx2 fpu\n\n\
+        let text =
+            "processor\t: 0\nmodel name\t: Example CPU @ 2GHz\nflags\t\t: sse fpu avx2 fpu\n\n\
                     processor\t: 1\nmodel name\t: Other\nflags\t\t: x\n";
         let (model, flags) = parse_cpuinfo(text);
         assert_eq!(model, "Example CPU @ 2GHz");
@@ -160,7 +161,9 @@ mod tests {
     fn the_same_criu_minor_restores_and_other_differences_are_notes() {
         let dumped = node("4.2.1");
         let mut annotations = dumped.annotations();
-        assert!(check("img", &annotations, &node("4.2.3")).unwrap().is_empty());
+        assert!(check("img", &annotations, &node("4.2.3"))
+            .unwrap()
+            .is_empty());
         annotations.insert(KERNEL_ANNOTATION.into(), "6.1.0".into());
         let notes = check("img", &annotations, &node("4.2.1")).unwrap();
         assert_eq!(notes.len(), 1, "{notes:?}");
@@ -176,7 +179,10 @@ mod tests {
             "{e:?}"
         );
         let message = e.to_string();
-        assert!(message.contains("CRIU 3.17.1") && message.contains("4.2.1"), "{message}");
+        assert!(
+            message.contains("CRIU 3.17.1") && message.contains("4.2.1"),
+            "{message}"
+        );
         assert!(message.contains("--criu PATH"), "{message}");
         annotations.remove(CRIU_VERSION_ANNOTATION);
         let e = check("img", &annotations, &node("4.2.1")).unwrap_err();

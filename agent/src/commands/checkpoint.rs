@@ -26,7 +26,12 @@ use super::registry::{runtime, RegistryArgs};
 pub struct CriuArgs {
     /// The `criu` binary (CRIU 4.2.1 works on recent kernels: `make criu-deps` builds
     /// it into target/tools/criu/criu).
-    #[arg(long, env = "TESSERA_CRIU", default_value = "criu", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "TESSERA_CRIU",
+        default_value = "criu",
+        value_name = "PATH"
+    )]
     criu: PathBuf,
     /// A flag passed on to `criu dump` / `criu restore` (repeatable), e.g. `--ext-unix-sk`.
     #[arg(long = "criu-arg", value_name = "ARG", allow_hyphen_values = true)]
