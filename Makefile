@@ -121,7 +121,8 @@ bench-mirror:
 # Time to a started application, ~1 GB image (benches/image.sh), capped registry:
 # skopeo + umoci and ctr pull vs tessera mount (cold, with a prefetch list, over a full
 # local cache, every chunk on a peer: the scheduler's binary) vs nydusd on the same tree,
-# and a tar of the largest trees through each (root). TESSERA_BENCH_{LAZY_CAP,REPS,
+# and a tar of the largest trees through each; podman pull + run of the plain image vs
+# the converted one through the agent's layer store (root). TESSERA_BENCH_{LAZY_CAP,REPS,
 # LAZY_ONLY,NYDUS}, TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
 bench-lazy-start:
 	$(CARGO) build --release -p tessera-scheduler

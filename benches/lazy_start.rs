@@ -28,7 +28,13 @@
 //! 12. (issue 22) `tessera mount` of the plain image itself, never converted, through
 //!     the index `tessera index` pushed beside it, cold; and of a copy indexed with the
 //!     start-up's prefetch list. Before the link is capped, `tessera index` is timed
-//!     against `gzip -dc` of the same layers, and the index's size is noted.
+//!     against `gzip -dc` of the same layers, and the index's size is noted;
+//! 13. (issue 26) Podman: `podman pull` + `podman run` of the start-up (runc), with
+//!     storage of its own per repetition; the plain image through Podman's own pull
+//!     (it downloads and unpacks every layer), then the converted image with Podman's
+//!     `storage.conf` naming a fresh agent's additional layer store (`--store-root`,
+//!     cache empty): the pull fetches the manifest and config, the layers are the
+//!     store's, and the start-up's reads fetch the data.
 //!
 //! The start-up is the image's own `/app/start.py` run with `chroot` in an overlay
 //! whose lower layer is what each method produced (a directory, containerd's snapshot,
@@ -48,7 +54,8 @@
 //! (run only the methods whose name contains one of its comma-separated parts, e.g.
 //! `tessera mount,nydusd,tar`; no JSON without the baseline), `TESSERA_BENCH_NYDUS=off`
 //! (no nydusd rows: CI does not build nydus) and `TESSERA_NYDUS_BIN_DIR` (default
-//! `target/tools/nydus/bin`, `make nydus-deps`). `make bench-lazy-start` (root).
+//! `target/tools/nydus/bin`, `make nydus-deps`). The Podman rows need `podman`
+//! (`make test-deps`). `make bench-lazy-start` (root).
 
 #![allow(clippy::unwrap_used)] // A benchmark fails loudly.
 
@@ -69,6 +76,7 @@ use support::containerd::{plain_http_hosts, Containerd, PullOptions, Snapshotter
 use support::cri::cri_pull;
 use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
+use support::podman::Podman;
 use support::registry::Registry;
 use support::scheduler::SchedulerProcess;
 use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered};
@@ -100,6 +108,11 @@ const TAR_NYDUS: &str = "tar: nydusd, full local blobcache";
 /// The Kubernetes baseline's name (benches/scenarios/lazy_start.py compares the
 /// snapshotter's rows with it).
 const CRI_OVERLAYFS: &str = "containerd CRI pull + container (overlayfs)";
+/// Podman's rows (issue 26): its own pull of the plain image, and the converted image
+/// through the agent's additional layer store; "podman" selects both
+/// (`TESSERA_BENCH_LAZY_ONLY`).
+const PODMAN_PLAIN: &str = "podman pull + run (plain image)";
+const PODMAN_STORE: &str = "podman pull + run, converted image via the tessera layer store";
 /// Each Tessera row and the nydusd row measured the same way (its "vs nydusd").
 const NYDUS_PAIRS: [(&str, &str); 4] = [
     (TESSERA_COLD, NYDUS_COLD),
@@ -327,12 +340,17 @@ impl Bed {
     /// GETs it answered (its access log): the origin's bytes and requests.
     fn since(&self, mark: &Mark) -> (u64, u64) {
         let sent = self.registry_host.tx_bytes() - mark.tx;
+        (sent, self.blob_gets_since(mark, "") as u64)
+    }
+
+    /// The blob GETs the registry answered since `mark` whose access-log line contains
+    /// `agent` (a user agent; `""`: all of them).
+    fn blob_gets_since(&self, mark: &Mark, agent: &str) -> usize {
         let log = std::fs::read(&self.registry.log).unwrap_or_default();
-        let requests = String::from_utf8_lossy(log.get(mark.log..).unwrap_or_default())
+        String::from_utf8_lossy(log.get(mark.log..).unwrap_or_default())
             .lines()
-            .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/"))
-            .count();
-        (sent, requests as u64)
+            .filter(|l| l.contains("\"GET /v2/") && l.contains("/blobs/") && l.contains(agent))
+            .count()
     }
 }
 
@@ -1110,6 +1128,91 @@ fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timin
     }
 }
 
+/// Podman's path (issue 26): `podman pull`, then the start-up as a container (`podman
+/// run`, runc), Podman's storage new for the repetition. The plain image through
+/// Podman's own pull (every layer downloaded and unpacked into its overlay storage),
+/// or the converted image with `storage.conf` naming a fresh agent's additional layer
+/// store: Podman takes every layer from the store (the bootstrap layer's `diff` is the
+/// agent's lazy mount) and fetches only the manifest and config.
+fn podman_run(bed: &Bed, via_store: bool, rep: usize) -> Timing {
+    let kind = if via_store { "store" } else { "plain" };
+    let dir = bed.work.path().join(format!("podman-{kind}-{rep}"));
+    let store = dir.join("store");
+    let agent = via_store.then(|| {
+        let agent = AgentProcess::start_in(
+            &dir.join("agent"),
+            &bed.node,
+            &["--config", s(&bed.config), "--store-root", s(&store)],
+        );
+        assert!(
+            is_mounted(&store),
+            "the agent's layer store is not mounted:\n{}",
+            agent.log()
+        );
+        agent
+    });
+    // Declared after the agent, so dropped before it, also after a failure: no
+    // container or image is left on the store's mounts when the agent stops.
+    let podman = Podman::new_in(
+        &dir.join("podman"),
+        via_store.then_some(store.as_path()),
+        &bed.node,
+    );
+    let reference = bed.reference(if via_store { CONVERTED } else { PLAIN });
+    let mark = bed.mark();
+    let t = Instant::now();
+    podman.ok(&["pull", "--quiet", "--tls-verify=false", &reference]);
+    let fetch = t.elapsed().as_secs_f64();
+    if via_store {
+        // Podman's own blob GETs (its user agent is containers/image's): the config
+        // alone, or the layers did not come from the store and the row measures
+        // something else.
+        let gets = bed.blob_gets_since(&mark, "containers/");
+        assert_eq!(
+            gets,
+            1,
+            "podman fetched {gets} blobs, the config alone expected; the agent's log:\n{}",
+            agent.as_ref().map(AgentProcess::log).unwrap_or_default()
+        );
+    }
+    let t = Instant::now();
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "--pull",
+        "never",
+        "--env",
+        "HOME=/tmp",
+        "--env",
+        "MPLCONFIGDIR=/tmp/matplotlib",
+        "--env",
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        &reference,
+        "/usr/bin/python3",
+        "/app/start.py",
+    ]);
+    let start = t.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "the start-up in a Podman container failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (origin, requests) = bed.since(&mark);
+    let read_wait = agent.as_ref().and_then(AgentProcess::fuse_read_seconds);
+    drop(podman);
+    drop(agent);
+    bed.discard(&dir);
+    Timing {
+        fetch,
+        start,
+        origin,
+        requests,
+        read_wait,
+        ..Timing::default()
+    }
+}
+
 /// Seconds a link of `cap` (`200mbit`, `1gbit`, `800kbit`) needs for `bytes`: the
 /// least time any method can fetch them in.
 fn link_seconds(bytes: f64, cap: &str) -> f64 {
@@ -1307,6 +1410,13 @@ fn vs_nydusd(rows: &[Row], row: &Row) -> Option<(f64, Option<f64>)> {
     })
 }
 
+/// Podman's plain pull's total / its total through the layer store, when both ran
+/// (above 1: the store is faster).
+fn vs_podman_plain(rows: &[Row]) -> Option<f64> {
+    let total = |label| rows.iter().find(|r| r.label == label).map(|r| r.total);
+    Some(total(PODMAN_PLAIN)? / total(PODMAN_STORE)?.max(1e-9))
+}
+
 fn mib(b: f64) -> f64 {
     b / f64::from(1 << 20)
 }
@@ -1412,6 +1522,9 @@ fn main() {
     };
     let nydus_on = nydus_bin.is_some();
     let wanted = |label: &str| selected(label) && (nydus_on || !nydus_rows.contains(&label));
+    if wanted(PODMAN_PLAIN) || wanted(PODMAN_STORE) {
+        Podman::require();
+    }
     let (layout, unpacked, description) = image_layout();
 
     let bed = Bed::new();
@@ -1471,6 +1584,8 @@ fn main() {
             up,
             |rep| cri_run(bed, WITH_LIST, true, rep),
         ),
+        method(PODMAN_PLAIN, up, |rep| podman_run(bed, false, rep)),
+        method(PODMAN_STORE, up, |rep| podman_run(bed, true, rep)),
         method(TAR_NATIVE, Kind::Tar, |_| tar_native(native.unwrap())),
         method(TAR_TESSERA, Kind::Tar, |rep| {
             tar_tessera(bed, full.unwrap(), rep)
@@ -1591,6 +1706,14 @@ fn print_start_up(c: &Context, rows: &[Row]) {
 
 /// Where each start-up's time and bytes went.
 fn print_notes(c: &Context, rows: &[Row]) {
+    if let Some(ratio) = vs_podman_plain(rows) {
+        let row = |label| rows.iter().find(|r| r.label == label).unwrap();
+        println!(
+            "podman: through the tessera layer store {:.2} s, its own pull of the plain image {:.2} s: {ratio:.2}x",
+            row(PODMAN_STORE).total,
+            row(PODMAN_PLAIN).total
+        );
+    }
     for r in rows.iter().filter(|r| r.kind == Kind::StartUp) {
         if let Some(wait) = r.read_wait {
             println!(
@@ -1692,6 +1815,9 @@ fn results_json(c: &Context, rows: &[Row], targets: &[Target]) -> Value {
             }
             if let Some((v, _)) = vs_nydusd(rows, r) {
                 row["vs_nydusd"] = json!(v);
+            }
+            if let Some(v) = vs_podman_plain(rows).filter(|_| r.label == PODMAN_STORE) {
+                row["vs_podman_plain"] = json!(v);
             }
             row
         })

@@ -17,6 +17,7 @@ use base64::Engine;
 use sha2::Digest;
 use support::agent::{is_mounted, AgentProcess};
 use support::oci::{self, build_files_image_with};
+use support::podman::Podman;
 use support::registry::Registry;
 use support::{convert, s};
 
@@ -286,98 +287,6 @@ fn serves_a_converted_image_and_says_not_here_for_the_rest() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-/// Debian's Podman 4.3 with storage, state and configuration of its own under `dir`
-/// (the layer store named in its `storage.conf`, the settings this machine needs:
-/// docs/research/podman-additional-layer-store.md §4). Dropped: its containers and
-/// images removed, whatever it left mounted under `dir` detached.
-struct Podman {
-    dir: std::path::PathBuf,
-}
-
-impl Podman {
-    fn new(dir: &Path, store: &Path) -> Podman {
-        assert!(
-            oci::tool_available("podman"),
-            "`podman` not found: run `make test-deps` (apt-get install podman)"
-        );
-        std::fs::create_dir_all(dir.join("tmp")).unwrap();
-        std::fs::write(
-            dir.join("storage.conf"),
-            format!(
-                "[storage]\ndriver = \"overlay\"\ngraphroot = \"{0}/storage\"\nrunroot = \"{0}/run\"\n\
-                 [storage.options]\nadditionallayerstores = [\"{1}:ref\"]\n",
-                dir.display(),
-                store.display()
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("containers.conf"),
-            format!(
-                "[containers]\nnetns = \"none\"\n\
-                 default_ulimits = [\"nofile=16384:16384\", \"nproc=32768:32768\"]\n\
-                 [engine]\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n\
-                 events_logfile_path = \"{0}/events.log\"\ntmp_dir = \"{0}/tmp\"\n\
-                 image_copy_tmp_dir = \"{0}/tmp\"\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("registries.conf"),
-            "unqualified-search-registries = []\n",
-        )
-        .unwrap();
-        Podman {
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new("podman")
-            .args(args)
-            .env("CONTAINERS_STORAGE_CONF", self.dir.join("storage.conf"))
-            .env("CONTAINERS_CONF", self.dir.join("containers.conf"))
-            .env(
-                "CONTAINERS_REGISTRIES_CONF",
-                self.dir.join("registries.conf"),
-            )
-            .output()
-            .unwrap()
-    }
-
-    /// `podman ARGS`' stdout, panicking with its stderr if it fails.
-    fn ok(&self, args: &[&str]) -> Vec<u8> {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "podman {args:?} failed: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.run(&["rm", "--all", "--force"]);
-        let _ = self.run(&["rmi", "--all", "--force"]);
-        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut inside: Vec<&str> = table
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|mp| Path::new(mp).starts_with(&self.dir))
-            .collect();
-        inside.sort_by_key(|mp| std::cmp::Reverse(mp.len()));
-        for mp in inside {
-            let _ = std::process::Command::new("umount")
-                .args(["-l", mp])
-                .status();
-        }
-    }
-}
-
 /// The access log's blob GETs Podman made (its user agent is containers/image's), as
 /// the digests asked for.
 fn podman_blob_gets(registry: &Registry) -> Vec<String> {
@@ -415,7 +324,7 @@ fn podman_runs_a_converted_image_from_the_store_without_pulling_its_layers() {
         &["--no-p2p", "--prefetch", "none", "--store-root", s(&root)],
     );
     // Dropped before the agent: no container is left on the image's lazy mount.
-    let podman = Podman::new(&t.path().join("podman"), &root);
+    let podman = Podman::new(&t.path().join("podman"), Some(&root));
 
     podman.ok(&["pull", "--tls-verify=false", &dst]);
     let manifest: serde_json::Value =

@@ -2,7 +2,8 @@
 pull + unpack vs tessera mount (cold, with a prefetch list, over a full local cache,
 every chunk on a peer) vs nydusd on the same tree, registry and link; and a tar of the
 image's largest trees through each (issue 21); the plain image started through its
-index, never converted (issue 22)."""
+index, never converted (issue 22); Podman's own pull of the plain image vs the converted
+image through the agent's additional layer store (issue 26)."""
 from scenarios.common import mib
 
 # Every row's figures, checked by check_results.py (positive numbers). The registry's
@@ -20,6 +21,10 @@ NYDUS_ROWS = ["nydusd (cold)", "nydusd + prefetch list", "nydusd, full local blo
 COLD_LAZY = [TESSERA_COLD, TESSERA_LIST]
 # Each Tessera row measured the same way as a nydusd row carries "vs_nydusd".
 NYDUS_PAIRED = [TESSERA_COLD, TESSERA_LIST, TESSERA_FULL]
+# Podman (issue 26): its own pull of the plain image, and the converted image through
+# the agent's layer store; the latter carries "vs_podman_plain".
+PODMAN_PLAIN = "podman pull + run (plain image)"
+PODMAN_STORE = "podman pull + run, converted image via the tessera layer store"
 TAR_NATIVE = "tar: native dir"
 TAR_TESSERA = "tar: tessera mount, full local cache"
 TAR_NYDUS = "tar: nydusd, full local blobcache"
@@ -48,6 +53,17 @@ def check(r):
     problems += check_nydusd(r, rows)
     problems += check_targets(r)
     problems += check_index(r, rows)
+    problems += check_podman(rows)
+    return problems
+
+
+def check_podman(rows):
+    """Both Podman rows ran (a run without podman fails rather than drop them), and the
+    store's row carries its ratio against the plain pull."""
+    problems = [f"no row {name!r}" for name in (PODMAN_PLAIN, PODMAN_STORE) if name not in rows]
+    if not problems and not number(rows[PODMAN_STORE].get("vs_podman_plain"), positive=True):
+        problems.append(f"{PODMAN_STORE}: vs_podman_plain = "
+                        f"{rows[PODMAN_STORE].get('vs_podman_plain')!r}")
     return problems
 
 
@@ -155,6 +171,7 @@ def render(r, plot_dir=None):
     lines += ["", "Ratios: the other's total / this total (above 1: this row is faster). "
                   "Origin requests: blob GETs in the registry's access log."]
     lines += render_kubernetes(r)
+    lines += render_podman(r)
     lines += render_mission(r)
     lines += render_link(r)
     lines += render_tar(r)
@@ -175,6 +192,18 @@ def render_kubernetes(r):
                         f"({base['total_seconds'] / max(row['total_seconds'], 1e-9):.2f}x "
                         f"vs overlayfs, {mib(row['registry_bytes'])} from the registry)"
                         for name, row in cri.items()) + "."]
+
+
+def render_podman(r):
+    rows = {row["method"]: row for row in r["rows"]}
+    plain, store = rows.get(PODMAN_PLAIN), rows.get(PODMAN_STORE)
+    if not (plain and store):
+        return []
+    return ["", f"Podman (`podman pull` to the container's command done, the start-up run by "
+                f"runc): through the Tessera layer store {store['total_seconds']:.2f} s "
+                f"({mib(store['registry_bytes'])} from the registry), its own pull of the "
+                f"plain image {plain['total_seconds']:.2f} s ({mib(plain['registry_bytes'])}): "
+                f"{store.get('vs_podman_plain', 0):.2f}x."]
 
 
 def render_mission(r):

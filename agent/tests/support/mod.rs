@@ -11,6 +11,7 @@ pub mod http;
 pub mod mirror;
 pub mod netns;
 pub mod oci;
+pub mod podman;
 pub mod registry;
 pub mod scheduler;
 pub mod small_disk;
