@@ -472,7 +472,7 @@ fn podman_runs_an_indexed_plain_image_from_each_layers_own_tree() {
         &root,
         &["--no-p2p", "--prefetch", "none"],
     );
-    let podman = Podman::new(&t.path().join("podman"), &root);
+    let podman = Podman::new(&t.path().join("podman"), Some(&root));
 
     podman.ok(&["pull", "--tls-verify=false", &src]);
     let manifest: serde_json::Value =

@@ -177,6 +177,17 @@ class Defaults(unittest.TestCase):
         self.assertNotIn("image-service-endpoint", notes)
         self.assertNotIn("lastKnownSecs", notes)
 
+    def test_no_layer_store_unless_asked(self):
+        agent = self.m.agent()
+        c = container(agent, "agent")
+        self.assertNotIn("--store-root", c["args"])
+        self.assertNotIn("layer-store", [v["name"] for v in agent["spec"]["template"]["spec"]["volumes"]])
+        self.assertNotIn("layer-store", [m["name"] for m in c["volumeMounts"]])
+        # The cache at its fixed path in the pod, without propagation, as before.
+        self.assertEqual(mount(c, "cache"), {"name": "cache", "mountPath": "/var/lib/tessera/cache"})
+        self.assertNotIn("store_root", tomllib.loads(self.m.agent_config_text()))
+        self.assertNotIn("additionallayerstores", render_notes())
+
     def test_one_replica_in_the_agent_config(self):
         config = tomllib.loads(self.m.agent_config_text())
         self.assertEqual(config["p2p"]["scheduler"],
@@ -593,6 +604,66 @@ class FullValues(unittest.TestCase):
                          [v["name"] for v in off.agent()["spec"]["template"]["spec"]["volumes"]])
         self.assertNotIn("image-service-endpoint",
                          render_notes([FULL_VALUES], ["agent.criProxy.enabled=false"]))
+
+    def test_layer_store(self):
+        """containers/storage's additional layer store: `--store-root` names a hostPath
+        mounted at the node's path with Bidirectional propagation (the FUSE mount must
+        reach CRI-O), and the cache too is at the node's path, Bidirectional: the
+        store's diff directories are symlinks to the images' trees mounted under it,
+        which CRI-O resolves on the node."""
+        root = "/var/lib/tessera/store"
+        args = self.agent_c["args"]
+        self.assertEqual(flag(args, "--store-root"), root)
+        self.assertEqual(args.count("--store-root"), 1)
+        self.assertEqual(volume(self.agent, "layer-store")["hostPath"],
+                         {"path": root, "type": "DirectoryOrCreate"})
+        m = mount(self.agent_c, "layer-store")
+        self.assertEqual((m["mountPath"], m["mountPropagation"]), (root, "Bidirectional"))
+        self.assertTrue(self.agent_c["securityContext"]["privileged"],
+                        "FUSE and Bidirectional propagation need it")
+        cache = volume(self.agent, "cache")["hostPath"]["path"]
+        cm = mount(self.agent_c, "cache")
+        self.assertEqual((cm["mountPath"], cm["mountPropagation"]), (cache, "Bidirectional"))
+        self.assertEqual(self.config["cache_dir"], cache)
+        self.assertEqual(env_value(self.agent_c, "TESSERA_CACHE_DIR"), cache)
+        # Neither in the agent's config (the flag is the one place) nor in the keeper.
+        self.assertNotIn("store_root", self.config)
+        self.assertNotIn("layer-store", [x["name"] for x in container(self.agent, "fuse-keeper")["volumeMounts"]])
+        notes = render_notes([FULL_VALUES])
+        self.assertIn(f'additionallayerstores = ["{root}:ref"]', notes)
+        self.assertIn(f"mkdir -p {root}", notes)
+        self.assertIn("systemctl restart crio", notes)
+        self.assertIn("Podman 5.1 and later", notes)
+
+        # Another root, with the layer store alone: a volume of its own, still privileged.
+        other = render(sets=["agent.layerStore.enabled=true", "agent.layerStore.root=/srv/als"])
+        c = container(other.agent(), "agent")
+        self.assertEqual(flag(c["args"], "--store-root"), "/srv/als")
+        self.assertEqual(volume(other.agent(), "layer-store")["hostPath"]["path"], "/srv/als")
+        self.assertEqual(mount(c, "layer-store")["mountPath"], "/srv/als")
+        self.assertEqual(mount(c, "cache")["mountPropagation"], "Bidirectional")
+        self.assertTrue(c["securityContext"]["privileged"])
+        validate_kubernetes(self, other)
+        # Roots the schema refuses: relative, "/", a trailing slash, "..".
+        for bad in ["srv/als", "/", "/srv/als/", "/srv/../als", "/srv//als"]:
+            with self.subTest(root=bad):
+                proc = helm(*template_args(sets=["agent.layerStore.enabled=true",
+                                                 f"agent.layerStore.root={bad}"]), check=False)
+                self.assertNotEqual(proc.returncode, 0, bad)
+                self.assertIn("/agent/layerStore/root", proc.stderr)
+        # Each path the agent mounts, whichever way round.
+        for key, value in [("agent.mountRoot", "/var/lib/tessera/store"),
+                           ("agent.socketDir", "/var/lib/tessera/store/run"),
+                           ("agent.cache.hostPath", "/var/lib"),
+                           ("agent.snapshotter.root", "/var/lib/tessera/store/")]:
+            with self.subTest(key=key):
+                proc = helm(*template_args([FULL_VALUES], [f"{key}={value}"]), check=False)
+                self.assertNotEqual(proc.returncode, 0, key)
+                self.assertIn(f"agent.layerStore.root (/var/lib/tessera/store) must not be {key} ({value})",
+                              proc.stderr)
+        # Off, the snapshotter's root may be anywhere.
+        render([FULL_VALUES], ["agent.snapshotter.enabled=false", "containerd.configureSnapshotter=false",
+                               "agent.criProxy.enabled=false", "agent.snapshotter.root=/var/lib/tessera/store/x"])
 
     def test_mirror_last_known_answers(self):
         self.assertEqual(self.config["mirror"]["last_known_secs"], 3600)

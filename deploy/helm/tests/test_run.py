@@ -2,8 +2,8 @@
 an agent start from exactly what the chart renders, their probes pass, the agent
 joins every replica with the token and (full values) TLS the chart wires up, the
 mirror answers on the node's loopback only, /metrics takes the read-only token, the
-containerd init container writes the hosts files, and SIGTERM stops the agent
-cleanly within its grace period."""
+containerd init container writes the hosts files, the layer store is mounted where
+the chart says, and SIGTERM stops the agent cleanly within its grace period."""
 
 import json
 import os
@@ -245,6 +245,8 @@ class Run:
         for section, key in [("snapshotter", "socket"), ("cri", "listen")]:
             if section in config:
                 self.assertFalse(Path(config[section][key]).exists(), f"{section}.{key} is removed")
+        if "--store-root" in self.agent.spec["args"]:
+            self.assertIn("layer store unmounted", self.agent.log(tail=None))
 
 
 class Defaults(Run, unittest.TestCase):
@@ -259,7 +261,7 @@ class Defaults(Run, unittest.TestCase):
 
 class FullValues(Run, unittest.TestCase):
     """ci/full-values.yaml: 3 replicas, TLS for the scheduler and peers, registry
-    credentials, the containerd init container."""
+    credentials, the containerd init container, the layer store."""
 
     values = (FULL_VALUES,)
     replicas = 3
@@ -313,6 +315,36 @@ class FullValues(Run, unittest.TestCase):
         volumes = self.agent_pod.volumes
         self.assertEqual(Path(config["cri"]["containerd"]).parent, volumes["containerd-socket-dir"])
         self.assertEqual(Path(config["cri"]["credentials_file"]).parent, volumes["snapshotter-root"])
+
+    def test_layer_store_is_mounted_at_its_volume(self):
+        """`--store-root` from the rendered args: the agent mounts the store (a FUSE
+        mount, fuse.tessera) on the layer-store volume, in the pod's mount namespace
+        (Bidirectional propagation, which carries it to the node, is the container
+        runtime's and not simulated here), and answers "not here" for a name that is no
+        image reference, as containers/storage expects of a store without the layer."""
+        root = os.path.realpath(self.agent_pod.volumes["layer-store"])
+        self.assertEqual(self.agent.argv()[self.agent.argv().index("--store-root") + 1],
+                         str(self.agent_pod.volumes["layer-store"]))
+        pid = self.agent.process.pid
+        deadline = time.time() + 10
+        while True:
+            mounts = [line.split(" - ")[1].split()[0]
+                      for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                      if line.split()[4] == root]
+            if "fuse.tessera" in mounts:
+                break
+            if time.time() > deadline:
+                self.fail(f"no fuse.tessera mount at {root} in the agent's namespace: {mounts}\n"
+                          f"{self.agent.log()}")
+            time.sleep(0.2)
+        inside = ["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"]
+        r = run(*inside, "ls", "-a", root, check=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run(*inside, "stat", f"{root}/not-a-reference!/sha256:00/diff", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("No such file or directory", r.stderr)
+        # The cache (the images' trees are mounted under it) is the node's path in the pod.
+        self.assertEqual(self.config()["cache_dir"], str(self.agent_pod.volumes["cache"]))
 
     def test_registry_credentials_reach_the_agent(self):
         auth_file = Path(self.config()["registry"]["auth_file"])

@@ -184,7 +184,7 @@ state: /var/lib/tessera-scheduler
 # (agent.*). The DaemonSet adds by environment: TESSERA_ADVERTISE (the node IP and the
 # peer port), TESSERA_HOST_ID (the node name) and TESSERA_METRICS_LISTEN (the node IP).
 socket = {{ printf "%s/agent.sock" $a.socketDir | toJson }}
-cache_dir = {{ $paths.cache | toJson }}
+cache_dir = {{ include "tessera.agent.cacheDir" . | toJson }}
 cache_capacity = {{ include "tessera.tomlSize" $a.cache.capacity }}
 cache_disk_high_percent = {{ int64 $a.cache.diskHighPercent }}
 cache_disk_low_percent = {{ int64 $a.cache.diskLowPercent }}
@@ -267,6 +267,17 @@ credentials_file = {{ include "tessera.agent.criCredentialsFile" . | toJson }}
 insecure = {{ $a.insecureRegistries | toJson }}
 {{- if .Values.registryCredentials.enabled }}
 auth_file = {{ printf "%s/config.json" $paths.registry | toJson }}
+{{- end }}
+{{- end }}
+
+{{/* The chunk cache's path in the agent's pod. With the layer store, the node's own:
+the store's diff directories are symlinks to the images' trees, which the agent mounts
+under <cache>/layer-store, and CRI-O resolves those links on the node. */}}
+{{- define "tessera.agent.cacheDir" -}}
+{{- if .Values.agent.layerStore.enabled }}
+{{- trimSuffix "/" .Values.agent.cache.hostPath }}
+{{- else }}
+{{- (include "tessera.paths" . | fromYaml).cache }}
 {{- end }}
 {{- end }}
 
