@@ -91,6 +91,18 @@ const WITH_LIST: &str = "v1-prefetch";
 const PLAIN: &str = "v1";
 const PLAIN_LISTED: &str = "bench/listed:v1";
 
+/// The start-up in a container (`ctr run`, `podman run`): its environment, as the
+/// image's own would set it for `chroot`, and its command.
+const CONTAINER_ENV: [&str; 6] = [
+    "--env",
+    "HOME=/tmp",
+    "--env",
+    "MPLCONFIGDIR=/tmp/matplotlib",
+    "--env",
+    "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+];
+const START_UP: [&str; 2] = ["/usr/bin/python3", "/app/start.py"];
+
 // Rows that ratios and targets name.
 const BASELINE: &str = "skopeo copy + umoci unpack";
 const TESSERA_COLD: &str = "tessera mount (cold)";
@@ -171,7 +183,7 @@ fn start_up(lower: &Path, work: &Path) -> Duration {
     let started = Instant::now();
     let out = Command::new("chroot")
         .arg(&merged)
-        .args(["/usr/bin/python3", "/app/start.py"])
+        .args(START_UP)
         .env_clear()
         .env("HOME", "/tmp")
         .env("MPLCONFIGDIR", "/tmp/matplotlib")
@@ -1090,22 +1102,11 @@ fn cri_run(bed: &Bed, tag: &str, tessera_snapshotter: bool, rep: usize) -> Timin
         .unwrap_or_else(|e| panic!("CRI pull: {e}\n{}", containerd.log()));
     let fetch = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let out = containerd.ctr_k8s(&[
-        "run",
-        "--rm",
-        "--snapshotter",
-        snapshotter.name(),
-        "--env",
-        "HOME=/tmp",
-        "--env",
-        "MPLCONFIGDIR=/tmp/matplotlib",
-        "--env",
-        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-        &reference,
-        &name,
-        "/usr/bin/python3",
-        "/app/start.py",
-    ]);
+    let mut args = vec!["run", "--rm", "--snapshotter", snapshotter.name()];
+    args.extend(CONTAINER_ENV);
+    args.extend([&reference[..], &name[..]]);
+    args.extend(START_UP);
+    let out = containerd.ctr_k8s(&args);
     let start = t.elapsed().as_secs_f64();
     assert!(
         out.status.success(),
@@ -1176,21 +1177,11 @@ fn podman_run(bed: &Bed, via_store: bool, rep: usize) -> Timing {
         );
     }
     let t = Instant::now();
-    let out = podman.run(&[
-        "run",
-        "--rm",
-        "--pull",
-        "never",
-        "--env",
-        "HOME=/tmp",
-        "--env",
-        "MPLCONFIGDIR=/tmp/matplotlib",
-        "--env",
-        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-        &reference,
-        "/usr/bin/python3",
-        "/app/start.py",
-    ]);
+    let mut args = vec!["run", "--rm", "--pull", "never"];
+    args.extend(CONTAINER_ENV);
+    args.push(&reference);
+    args.extend(START_UP);
+    let out = podman.run(&args);
     let start = t.elapsed().as_secs_f64();
     assert!(
         out.status.success(),

@@ -245,57 +245,40 @@ async fn index_one(
         )]
         .into(),
     });
-    // The trees of the first layers (format.md §17.5), for the snapshotter.
-    for prefix in &build.layer_bootstraps {
-        let zst = work.join(format!("bootstrap.layers-{}.zst", prefix.layers));
-        compress_file(&prefix.path, &zst)?;
+    // The trees of the first layers (format.md §17.5), for the snapshotter, and each
+    // layer's own tree (§17.7), for containers/storage's additional layer store: more
+    // bootstraps, each annotated with which tree it holds.
+    let prefixes = build.layer_bootstraps.iter().map(|prefix| {
+        let tree = vec![(INDEX_LAYERS_ANNOTATION, prefix.layers.to_string())];
+        (&prefix.path, &prefix.digest, tree)
+    });
+    let layer_trees = build.own_layer_bootstraps.iter().map(|layer| {
+        let tree = vec![
+            (INDEX_LAYER_ANNOTATION, layer.layer.to_string()),
+            (INDEX_DIFF_SIZE_ANNOTATION, layer.diff_size.to_string()),
+        ];
+        (&layer.path, &layer.digest, tree)
+    });
+    for (path, bootstrap_digest, tree) in prefixes.chain(layer_trees) {
+        let mut zst = path.file_name().unwrap_or_default().to_os_string();
+        zst.push(".zst");
+        let zst = work.join(zst);
+        compress_file(path, &zst)?;
         let (digest, size) = sha256_file(&zst)?;
         progress.push_total.fetch_add(size, Ordering::Relaxed);
         client
             .push_blob(&repo, &digest, size, &zst, None, &on_progress)
             .await?;
+        let bootstrap = (BOOTSTRAP_DIGEST_ANNOTATION, bootstrap_digest.clone());
         pushed_layers.push(Descriptor {
             media_type: BOOTSTRAP_MEDIA_TYPE.into(),
             digest,
             size,
             artifact_type: None,
-            annotations: [
-                (
-                    BOOTSTRAP_DIGEST_ANNOTATION.to_string(),
-                    prefix.digest.clone(),
-                ),
-                (
-                    INDEX_LAYERS_ANNOTATION.to_string(),
-                    prefix.layers.to_string(),
-                ),
-            ]
-            .into(),
-        });
-    }
-    // Each layer's own tree (format.md §17.7), for containers/storage's additional
-    // layer store.
-    for tree in &build.own_layer_bootstraps {
-        let zst = work.join(format!("bootstrap.layer-{}.zst", tree.layer));
-        compress_file(&tree.path, &zst)?;
-        let (digest, size) = sha256_file(&zst)?;
-        progress.push_total.fetch_add(size, Ordering::Relaxed);
-        client
-            .push_blob(&repo, &digest, size, &zst, None, &on_progress)
-            .await?;
-        pushed_layers.push(Descriptor {
-            media_type: BOOTSTRAP_MEDIA_TYPE.into(),
-            digest,
-            size,
-            artifact_type: None,
-            annotations: [
-                (BOOTSTRAP_DIGEST_ANNOTATION.to_string(), tree.digest.clone()),
-                (INDEX_LAYER_ANNOTATION.to_string(), tree.layer.to_string()),
-                (
-                    INDEX_DIFF_SIZE_ANNOTATION.to_string(),
-                    tree.diff_size.to_string(),
-                ),
-            ]
-            .into(),
+            annotations: std::iter::once(bootstrap)
+                .chain(tree)
+                .map(|(key, value)| (key.to_string(), value))
+                .collect(),
         });
     }
     let subject = Descriptor {
