@@ -173,6 +173,22 @@ pub enum Error {
     #[error("checkpoint {image} cannot be restored here: {reason}")]
     CheckpointIncompatible { image: String, reason: String },
 
+    /// `tessera restore --for IMAGE` found no checkpoint of IMAGE (for this node's
+    /// platform) that this node can restore: the caller should boot the image instead.
+    /// `rejected` is empty when the image has no checkpoint at all; else it says, newest
+    /// first, why each one was refused. `tessera restore` exits with its own code
+    /// (`checkpoint::NO_USABLE_CHECKPOINT_EXIT_CODE`) for it.
+    #[error(
+        "no usable checkpoint: boot the image {image}: {}",
+        no_checkpoint_reason(subject, rejected)
+    )]
+    NoUsableCheckpoint {
+        image: String,
+        /// The manifest (this node's platform) whose referrers were looked at.
+        subject: String,
+        rejected: Vec<RejectedCheckpoint>,
+    },
+
     /// `tessera checkpoint` dumped and stopped a process but could not push its
     /// checkpoint: the CRIU images are kept so the process is not lost.
     #[error(
@@ -206,6 +222,34 @@ pub enum ChunkFailure {
     /// The agent is stopping: the fetch was dropped before it answered.
     #[error("the agent is stopping; the fetch was abandoned")]
     Stopped,
+}
+
+/// A checkpoint `tessera restore --for` did not restore, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedCheckpoint {
+    /// The checkpoint, pinned by digest.
+    pub checkpoint: String,
+    /// When it was made (its `org.opencontainers.image.created`), if recorded.
+    pub created: Option<String>,
+    pub reason: String,
+}
+
+fn no_checkpoint_reason(subject: &str, rejected: &[RejectedCheckpoint]) -> String {
+    if rejected.is_empty() {
+        return format!("it has no checkpoint (no referrer of {subject} is a checkpoint)");
+    }
+    let each: Vec<String> = rejected
+        .iter()
+        .map(|r| {
+            let created = r.created.as_deref().unwrap_or("creation time not recorded");
+            format!("{} ({created}): {}", r.checkpoint, r.reason)
+        })
+        .collect();
+    format!(
+        "none of its {} checkpoints can be restored here: {}",
+        rejected.len(),
+        each.join("; ")
+    )
 }
 
 /// What kind of failure a snapshot operation met: containerd tells them apart (an

@@ -37,4 +37,4 @@ pub mod pull;
 pub mod registry;
 pub mod snapshotter;
 
-pub use error::{ChunkFailure, Error, Result};
+pub use error::{ChunkFailure, Error, RejectedCheckpoint, Result};

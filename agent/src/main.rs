@@ -103,6 +103,14 @@ fn main() {
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");
-        std::process::exit(1);
+        // `restore --for` with nothing to restore is an answer ("boot it"), not a
+        // failure: scripts tell the two apart by the exit code.
+        let code = match err.downcast_ref::<tessera_agent::Error>() {
+            Some(tessera_agent::Error::NoUsableCheckpoint { .. }) => {
+                tessera_agent::checkpoint::NO_USABLE_CHECKPOINT_EXIT_CODE
+            }
+            _ => 1,
+        };
+        std::process::exit(code);
     }
 }

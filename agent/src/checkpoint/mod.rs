@@ -9,6 +9,12 @@
 //! dumping node is on the manifest as `io.tessera.checkpoint.*` annotations ([`node`]),
 //! and in more detail in the image config's `io.tessera.checkpoint` object.
 //!
+//! With `--for APP_IMAGE` a checkpoint is an OCI 1.1 referrer of the app image
+//! ([`app`]): `tessera restore --for APP_IMAGE` restores the newest one this node can
+//! restore, or fails with [`Error::NoUsableCheckpoint`] (boot the image instead). Each
+//! checkpoint is built against the previous one as its chunk dictionary, so pages that
+//! did not change are referenced in the earlier blob instead of uploaded again.
+//!
 //! Restore reads the CRIU images from the agent's FUSE mount (every chunk verified,
 //! peers first, then the origin) and the mount is dropped once `criu restore
 //! --restore-detached` returns: CRIU has read what it needs by then.
@@ -18,22 +24,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rafs_format::builder::{BuildOptions, BuildSummary, Builder};
+use rafs_format::builder::{BuildOptions, BuildSummary, Builder, ChunkDict};
 use serde::Serialize;
 use serde_json::json;
 
+pub mod app;
 pub mod criu;
 pub mod node;
 
+pub use app::{checkpoints_of, ARTIFACT_TYPE};
 pub use criu::{Criu, CriuVersion};
 pub use node::NodeInfo;
 
 use crate::api::{self, Request};
-use crate::convert::{push_built, ConvertProgress};
+use crate::convert::{push_built, ConvertProgress, PushSpec};
 use crate::registry::client::RegistryClient;
-use crate::registry::image;
+use crate::registry::image::{self, PlatformImage};
 use crate::registry::reference::{Platform, Reference};
-use crate::{Error, Result};
+use crate::{Error, RejectedCheckpoint, Result};
+
+/// The exit code of `tessera restore --for` when there is no checkpoint to restore
+/// ([`Error::NoUsableCheckpoint`]): a script boots the image on it and treats any
+/// other failure (1) as one.
+pub const NO_USABLE_CHECKPOINT_EXIT_CODE: i32 = 3;
 
 /// The process id the tree had: CRIU restores it with the same one.
 pub const PID_ANNOTATION: &str = "io.tessera.checkpoint.pid";
@@ -53,13 +66,36 @@ pub struct CheckpointOptions {
     pub build: BuildOptions,
     /// Scratch space for the dump and the built image (removed by the caller).
     pub work_dir: PathBuf,
+    /// The app image the process runs (`--for`): the checkpoint becomes a referrer of
+    /// its manifest for this node's platform, in its repository.
+    pub app: Option<Reference>,
+    /// What the build references instead of storing again.
+    pub chunk_dict: DictChoice,
+}
+
+/// Which earlier image a checkpoint's build takes as its chunk dictionary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DictChoice {
+    /// None: every chunk is stored.
+    None,
+    /// This Tessera image (the previous checkpoint, usually).
+    Image(Reference),
+    /// With an app image, its newest checkpoint, if it has one; else none.
+    NewestCheckpoint,
 }
 
 /// What `tessera checkpoint` did, for people (`Display`) and machines (`Serialize`).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckpointSummary {
+    /// Where it was pushed: the tag, or the app image's repository (untagged).
     pub target: String,
     pub digest: String,
+    /// The checkpoint pinned by digest (what `tessera restore` takes).
+    pub reference: String,
+    /// The app image's manifest it is a referrer of (`--for`), pinned by digest.
+    pub subject: Option<String>,
+    /// The image the build took as its chunk dictionary, pinned by digest.
+    pub chunk_dict: Option<String>,
     pub pid: u32,
     pub process: String,
     pub left_running: bool,
@@ -72,7 +108,8 @@ pub struct CheckpointSummary {
     pub stored_bytes: u64,
     /// Bytes uploaded by this push.
     pub pushed_bytes: u64,
-    /// Bytes the registry already had (an unchanged checkpoint pushed again).
+    /// Bytes the registry already had: the chunk dictionary's blobs this checkpoint
+    /// references (chunks that did not change), or an unchanged checkpoint pushed again.
     pub reused_bytes: u64,
     pub build: BuildSummary,
     pub dump_seconds: f64,
@@ -90,9 +127,19 @@ impl std::fmt::Display for CheckpointSummary {
             self.pid, self.process, self.target
         )?;
         writeln!(f, "  digest     {}", self.digest)?;
+        if let Some(subject) = &self.subject {
+            writeln!(f, "  for        {subject}")?;
+        }
+        if let Some(dict) = &self.chunk_dict {
+            writeln!(
+                f,
+                "  dedup      {} of {} chunks referenced in {dict}",
+                self.build.dict_chunks, self.build.unique_chunks
+            )?;
+        }
         writeln!(
             f,
-            "  bytes      {:.1} MiB dumped ({} files); {:.1} MiB stored in the registry ({} chunks, {:.1}x smaller), {:.1} MiB pushed, {:.1} MiB already there",
+            "  bytes      {:.1} MiB dumped ({} files); {:.1} MiB stored in the registry ({} chunks, {:.1}x smaller), {:.1} MiB uploaded, {:.1} MiB reused (already there)",
             mib(self.dumped_bytes),
             self.dumped_files,
             mib(self.stored_bytes),
@@ -123,22 +170,20 @@ impl std::fmt::Display for CheckpointSummary {
 }
 
 /// Dumps process tree `opts.pid` with CRIU and pushes the dump as Tessera image
-/// `target` (a tag). If the dump stopped the tree and a later step fails, the dump is
-/// kept on disk and the error says where ([`Error::CheckpointNotPushed`]).
-#[tracing::instrument(skip_all, fields(pid = opts.pid, target = %target))]
+/// `target` (a tag), or with `opts.app` and no target into the app image's repository
+/// untagged, as a referrer of the app image. What can fail without the process is
+/// done before the dump (the app image, the chunk dictionary). If the dump stopped the
+/// tree and a later step fails, the dump is kept on disk and the error says where
+/// ([`Error::CheckpointNotPushed`]).
+#[tracing::instrument(skip_all, fields(pid = opts.pid))]
 pub async fn checkpoint(
     client: Arc<RegistryClient>,
-    target: &Reference,
+    target: Option<&Reference>,
     opts: &CheckpointOptions,
     progress: &ConvertProgress,
 ) -> Result<CheckpointSummary> {
     let started = Instant::now();
-    if target.digest.is_some() {
-        return Err(Error::Reference {
-            input: target.to_string(),
-            reason: "the target must be a tag: its digest is only known after the push".into(),
-        });
-    }
+    let target = push_target(target, opts.app.as_ref())?;
     let node = NodeInfo::probe(&opts.criu)?;
     let comm_path = PathBuf::from(format!("/proc/{}/comm", opts.pid));
     let process = std::fs::read_to_string(&comm_path)
@@ -148,6 +193,21 @@ pub async fn checkpoint(
         })?
         .trim()
         .to_string();
+    let app = match &opts.app {
+        Some(app) => {
+            progress.set_phase(format!("resolve {app}"));
+            Some(image::resolve_platform(&client, app, &Platform::host()).await?)
+        }
+        None => None,
+    };
+    let dict = chunk_dict(
+        &client,
+        app.as_ref(),
+        &opts.chunk_dict,
+        &opts.work_dir,
+        progress,
+    )
+    .await?;
     let images = opts.work_dir.join("dump");
     let criu_work = opts.work_dir.join("criu");
     for dir in [&images, &criu_work] {
@@ -165,11 +225,16 @@ pub async fn checkpoint(
     let (dumped_files, dumped_bytes) = dir_size(&images)?;
     tracing::info!(dumped_bytes, dumped_files, dump_seconds, "dumped");
 
+    let subject = app.as_ref().map(app::subject_of);
     let after_dump = async {
         progress.set_phase("build checkpoint".into());
         let t = Instant::now();
         let mut build_opts = opts.build.clone();
         build_opts.progress = Some(progress.build.clone());
+        build_opts.chunk_dict = dict.as_ref().map(|(_, dir)| ChunkDict {
+            image_dir: dir.clone(),
+            link_blobs: false,
+        });
         let out = opts.work_dir.join("image");
         let dump_dir = images.clone();
         let build = tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
@@ -191,16 +256,17 @@ pub async fn checkpoint(
             .collect();
         annotations.insert(PID_ANNOTATION.into(), json!(opts.pid.to_string()));
         annotations.insert(PROCESS_ANNOTATION.into(), json!(process));
-        let pushed = push_built(
-            &client,
-            target,
-            &build,
+        annotations.insert(
+            app::CREATED_ANNOTATION.into(),
+            json!(app::rfc3339_utc(std::time::SystemTime::now())),
+        );
+        let spec = PushSpec {
             config,
             annotations,
-            &opts.work_dir,
-            progress,
-        )
-        .await?;
+            dict: dict.as_ref().map(|(image, _)| image),
+            subject: subject.as_ref().map(|s| (s, ARTIFACT_TYPE)),
+        };
+        let pushed = push_built(&client, &target, &build, spec, &opts.work_dir, progress).await?;
         Ok::<_, Error>((build, build_seconds, pushed, t.elapsed().as_secs_f64()))
     };
     let (build, build_seconds, pushed, push_seconds) = match after_dump.await {
@@ -208,9 +274,17 @@ pub async fn checkpoint(
         Err(cause) if !opts.leave_running => return Err(keep_dump(opts.pid, &images, cause)),
         Err(cause) => return Err(cause),
     };
+    let reference = Reference {
+        tag: None,
+        digest: Some(pushed.digest.clone()),
+        ..target.clone()
+    };
     Ok(CheckpointSummary {
         target: target.to_string(),
         digest: pushed.digest,
+        reference: reference.to_string(),
+        subject: app.map(|a| a.reference.to_string()),
+        chunk_dict: dict.map(|(image, _)| image.reference.to_string()),
         pid: opts.pid,
         process,
         left_running: opts.leave_running,
@@ -227,6 +301,90 @@ pub async fn checkpoint(
         push_seconds,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Where a checkpoint goes: `target` (a tag; with an app image, in its repository, as
+/// referrers are listed per repository), or untagged into the app image's repository.
+fn push_target(target: Option<&Reference>, app: Option<&Reference>) -> Result<Reference> {
+    match (target, app) {
+        (Some(t), _) if t.digest.is_some() => Err(Error::Reference {
+            input: t.to_string(),
+            reason: "the target must be a tag: its digest is only known after the push".into(),
+        }),
+        (Some(t), Some(app))
+            if (&t.registry, &t.repository) != (&app.registry, &app.repository) =>
+        {
+            Err(Error::Setting {
+                setting: "TARGET".into(),
+                problem: format!(
+                    "{t} is not in the repository of --for {app}: a registry lists the \
+                     referrers of an image in its own repository only. Push the \
+                     checkpoint to {}/{}:TAG, or leave TARGET out to push it there untagged",
+                    app.registry, app.repository
+                ),
+            })
+        }
+        (Some(t), _) => Ok(t.clone()),
+        (None, Some(app)) => Ok(Reference {
+            tag: None,
+            digest: None,
+            ..app.clone()
+        }),
+        (None, None) => Err(Error::Setting {
+            setting: "TARGET".into(),
+            problem: "give the tag to push the checkpoint to, or --for APP_IMAGE to push it \
+                      beside that image as its referrer"
+                .into(),
+        }),
+    }
+}
+
+/// The chunk dictionary `choice` names, resolved for this node's platform, and a
+/// directory in `work` holding its bootstrap; `None` when there is none to use. A
+/// named one that cannot be had fails the checkpoint (before the dump); of an app
+/// image's checkpoints, one that cannot be had (made by another tool, deleted) is
+/// logged and the next newest tried.
+async fn chunk_dict(
+    client: &RegistryClient,
+    app: Option<&PlatformImage>,
+    choice: &DictChoice,
+    work: &Path,
+    progress: &ConvertProgress,
+) -> Result<Option<(PlatformImage, PathBuf)>> {
+    let dir = work.join("dict");
+    match (choice, app) {
+        (DictChoice::None, _) | (DictChoice::NewestCheckpoint, None) => Ok(None),
+        (DictChoice::Image(r), _) => fetch_dict(client, r, &dir, progress).await.map(Some),
+        (DictChoice::NewestCheckpoint, Some(app)) => {
+            progress.set_phase(format!("list the checkpoints of {}", app.reference));
+            for listed in checkpoints_of(client, app).await? {
+                match fetch_dict(client, &listed.reference, &dir, progress).await {
+                    Ok(dict) => return Ok(Some(dict)),
+                    Err(e) => tracing::warn!(
+                        checkpoint = %listed.reference, error = %e,
+                        "this checkpoint cannot be the chunk dictionary; trying an older one"
+                    ),
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Resolves Tessera image `reference` for this node's platform and fetches its
+/// bootstrap into `dir`.
+async fn fetch_dict(
+    client: &RegistryClient,
+    reference: &Reference,
+    dir: &Path,
+    progress: &ConvertProgress,
+) -> Result<(PlatformImage, PathBuf)> {
+    progress.set_phase(format!("fetch chunk dictionary {reference}"));
+    let dict = image::resolve_platform(client, reference, &Platform::host()).await?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    image::fetch_bootstrap(client, &dict, dir).await?;
+    tracing::info!(chunk_dict = %dict.reference, "building against the chunk dictionary");
+    Ok((dict, dir.to_path_buf()))
 }
 
 fn task_failed(what: &str, e: tokio::task::JoinError) -> Error {
@@ -329,6 +487,10 @@ pub struct RestoreOptions {
 pub struct RestoreSummary {
     pub image: String,
     pub digest: String,
+    /// The app image whose newest usable checkpoint this was (`restore --for`).
+    pub for_image: Option<String>,
+    /// Newer checkpoints of that image that this node could not restore, and why.
+    pub skipped: Vec<String>,
     /// The restored tree's root process.
     pub pid: u32,
     pub criu_version: String,
@@ -349,6 +511,15 @@ impl std::fmt::Display for RestoreSummary {
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
         writeln!(f, "restored pid {} from {}", self.pid, self.image)?;
         writeln!(f, "  digest     {}", self.digest)?;
+        if let Some(app) = &self.for_image {
+            writeln!(
+                f,
+                "  for        {app} (its newest checkpoint this node can restore)"
+            )?;
+        }
+        for skipped in &self.skipped {
+            writeln!(f, "  skipped    {skipped}")?;
+        }
         writeln!(
             f,
             "  bytes      {:.1} MiB read through the lazy mount; fetched {:.1} MiB from the origin (on the wire), {:.1} MiB from peers",
@@ -381,6 +552,87 @@ pub async fn restore(
     let annotations = manifest_annotations(&img.raw.bytes);
     let node = NodeInfo::probe(&opts.criu)?;
     let notes = node::check(&reference.to_string(), &annotations, &node)?;
+    restore_checked(
+        &img,
+        &reference.to_string(),
+        &annotations,
+        &node,
+        notes,
+        opts,
+        started,
+    )
+    .await
+}
+
+/// Restores the newest checkpoint of app image `app` (its manifest for
+/// `opts.platform`) that this node can restore. Fails with
+/// [`Error::NoUsableCheckpoint`] when it has none, or none this node can restore:
+/// the caller boots the image then.
+#[tracing::instrument(skip_all, fields(app = %app))]
+pub async fn restore_for(
+    client: &RegistryClient,
+    app: &Reference,
+    opts: &RestoreOptions,
+) -> Result<RestoreSummary> {
+    let started = Instant::now();
+    let app_image = image::resolve_platform(client, app, &opts.platform).await?;
+    let listed = checkpoints_of(client, &app_image).await?;
+    let node = NodeInfo::probe(&opts.criu)?;
+    let mut rejected = Vec::new();
+    for candidate in listed {
+        let name = candidate.reference.to_string();
+        let notes = match node::check(&name, &candidate.annotations, &node) {
+            Ok(notes) => notes,
+            Err(e) => {
+                let reason = match e {
+                    Error::CheckpointIncompatible { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                tracing::info!(checkpoint = %name, %reason, "skipping a checkpoint this node cannot restore");
+                rejected.push(RejectedCheckpoint {
+                    checkpoint: name,
+                    created: candidate.created,
+                    reason,
+                });
+                continue;
+            }
+        };
+        let img = image::resolve_platform(client, &candidate.reference, &opts.platform).await?;
+        let mut summary = restore_checked(
+            &img,
+            &name,
+            &candidate.annotations,
+            &node,
+            notes,
+            opts,
+            started,
+        )
+        .await?;
+        summary.for_image = Some(app_image.reference.to_string());
+        summary.skipped = rejected
+            .iter()
+            .map(|r| format!("{}: {}", r.checkpoint, r.reason))
+            .collect();
+        return Ok(summary);
+    }
+    Err(Error::NoUsableCheckpoint {
+        image: app.to_string(),
+        subject: app_image.raw.digest.clone(),
+        rejected,
+    })
+}
+
+/// Restores checkpoint `img` (called `name`), already checked against `node` (`notes`
+/// are the differences that did not stop it).
+async fn restore_checked(
+    img: &PlatformImage,
+    name: &str,
+    annotations: &BTreeMap<String, String>,
+    node: &NodeInfo,
+    notes: Vec<String>,
+    opts: &RestoreOptions,
+    started: Instant,
+) -> Result<RestoreSummary> {
     for note in &notes {
         tracing::warn!(%note, "restoring on a different node");
     }
@@ -443,8 +695,10 @@ pub async fn restore(
     };
     let number = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
     Ok(RestoreSummary {
-        image: reference.to_string(),
+        image: name.to_string(),
         digest: img.raw.digest.clone(),
+        for_image: None,
+        skipped: Vec::new(),
         pid,
         criu_version: node.criu.to_string(),
         notes,

@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rafs_format::builder::BuildOptions;
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
-use tessera_agent::checkpoint::{self, CheckpointOptions, Criu, RestoreOptions};
+use tessera_agent::checkpoint::{self, CheckpointOptions, Criu, DictChoice, RestoreOptions};
 use tessera_agent::config::DEFAULT_SOCKET;
 use tessera_agent::convert::ConvertProgress;
 use tessera_agent::registry::client::Credential;
@@ -55,8 +55,21 @@ pub struct CheckpointArgs {
     /// Keep the process running after the dump (by default CRIU stops it).
     #[arg(long)]
     leave_running: bool,
-    /// Where to push the checkpoint (a tag).
-    target: Reference,
+    /// Where to push the checkpoint (a tag). With --for it must be in the app image's
+    /// repository, and may be left out: the checkpoint is then pushed there untagged.
+    #[arg(required_unless_present = "app")]
+    target: Option<Reference>,
+    /// The app image the process runs: the checkpoint is pushed as an OCI referrer of
+    /// its manifest (this node's platform), where `tessera restore --for` finds it.
+    #[arg(long = "for", value_name = "APP_IMAGE")]
+    app: Option<Reference>,
+    /// An earlier checkpoint whose chunks are referenced instead of uploaded again
+    /// [default with --for: the app image's newest checkpoint, if any].
+    #[arg(long, value_name = "REF")]
+    chunk_dict: Option<Reference>,
+    /// Store every chunk, even with --for (no chunk dictionary).
+    #[arg(long, conflicts_with = "chunk_dict")]
+    no_chunk_dict: bool,
     #[command(flatten)]
     criu: CriuArgs,
     /// Content-defined chunking's average chunk size (min a quarter, max four times);
@@ -80,9 +93,11 @@ pub struct CheckpointArgs {
 }
 
 pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
-    let client = args
-        .registry
-        .client(&[&args.target], args.dest_creds.as_ref())?;
+    let refs: Vec<&Reference> = [&args.target, &args.app, &args.chunk_dict]
+        .into_iter()
+        .flatten()
+        .collect();
+    let client = args.registry.client(&refs, args.dest_creds.as_ref())?;
     let work = scratch(&args.work_dir)?;
     let avg = args.chunk_size;
     let opts = CheckpointOptions {
@@ -105,17 +120,28 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             progress: None,
         },
         work_dir: work.path().to_path_buf(),
+        app: args.app.clone(),
+        chunk_dict: match (&args.chunk_dict, args.no_chunk_dict) {
+            (Some(r), _) => DictChoice::Image(r.clone()),
+            (None, true) => DictChoice::None,
+            (None, false) => DictChoice::NewestCheckpoint,
+        },
     };
     let progress = Arc::new(ConvertProgress::default());
     let display = progress_display(progress.clone());
+    let destination = match (&args.target, &args.app) {
+        (Some(t), _) => t.to_string(),
+        (None, Some(app)) => format!("the repository of {app}"),
+        (None, None) => "nowhere".into(),
+    };
     let summary = runtime()?
         .block_on(checkpoint::checkpoint(
             client,
-            &args.target,
+            args.target.as_ref(),
             &opts,
             &progress,
         ))
-        .with_context(|| format!("checkpoint pid {} to {}", args.pid, args.target))?;
+        .with_context(|| format!("checkpoint pid {} to {destination}", args.pid))?;
     drop(display);
     print_summary(&summary, args.json)
 }
@@ -123,7 +149,13 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
     /// The checkpoint image (made by `tessera checkpoint`).
-    image: Reference,
+    #[arg(required_unless_present = "app", conflicts_with = "app")]
+    image: Option<Reference>,
+    /// Restore the newest checkpoint of this app image that this node can restore
+    /// (made with `tessera checkpoint --for`). Exits with code 3 when there is none:
+    /// boot the image then.
+    #[arg(long = "for", value_name = "APP_IMAGE")]
+    app: Option<Reference>,
     #[command(flatten)]
     criu: CriuArgs,
     /// The agent's socket: the agent mounts the checkpoint lazily.
@@ -144,7 +176,8 @@ pub struct RestoreArgs {
 }
 
 pub fn restore(args: RestoreArgs) -> Result<()> {
-    let client = args.registry.client(&[&args.image], args.creds.as_ref())?;
+    let refs: Vec<&Reference> = [&args.image, &args.app].into_iter().flatten().collect();
+    let client = args.registry.client(&refs, args.creds.as_ref())?;
     let work = scratch(&args.work_dir)?;
     let work_dir = std::path::absolute(work.path()).context("resolve the scratch directory")?;
     let opts = RestoreOptions {
@@ -154,9 +187,16 @@ pub fn restore(args: RestoreArgs) -> Result<()> {
         platform: Platform::host(),
         work_dir,
     };
-    let summary = runtime()?
-        .block_on(checkpoint::restore(&client, &args.image, &opts))
-        .with_context(|| format!("restore {}", args.image))?;
+    let rt = runtime()?;
+    let summary = match (&args.image, &args.app) {
+        (Some(image), _) => rt
+            .block_on(checkpoint::restore(&client, image, &opts))
+            .with_context(|| format!("restore {image}"))?,
+        (None, Some(app)) => rt
+            .block_on(checkpoint::restore_for(&client, app, &opts))
+            .with_context(|| format!("restore a checkpoint of {app}"))?,
+        (None, None) => anyhow::bail!("give a checkpoint REF or --for APP_IMAGE"),
+    };
     print_summary(&summary, args.json)
 }
 

@@ -29,6 +29,7 @@ use crate::registry::image::{
     SOURCE_REF_ANNOTATION,
 };
 use crate::registry::reference::{Platform, Reference};
+use crate::registry::referrers::{self, Descriptor};
 use crate::{Error, Result};
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -459,28 +460,16 @@ impl Job<'_> {
         };
         let client = self.dst_client;
         let mut tally = PushTally::default();
-        for blob in &build.blobs {
-            if Some(&blob.digest) == new_blob.map(|b| &b.digest) {
-                let path = built.image_dir.join("blobs").join(hex_of(&blob.digest));
-                let outcome = client
-                    .push_blob(target, &blob.digest, blob.size, &path, None, &on_progress)
-                    .await?;
-                tally.count(outcome, blob.size);
-            } else {
-                let dict = built.dict.as_ref().ok_or_else(|| {
-                    internal(
-                        target,
-                        format!(
-                            "blob {} is neither new nor from the chunk dictionary",
-                            blob.digest
-                        ),
-                    )
-                })?;
-                let outcome =
-                    copy_dict_blob(client, dict, target, &blob.digest, blob.size, work).await?;
-                tally.count(outcome, blob.size);
-            }
-        }
+        push_blobs(
+            client,
+            target,
+            build,
+            built.dict.as_ref(),
+            work,
+            &on_progress,
+            &mut tally,
+        )
+        .await?;
         for (digest, size, path) in [
             (&bootstrap_digest, bootstrap_size, &bootstrap_zst),
             (&config_digest, config_size, &config_path),
@@ -616,18 +605,37 @@ pub(crate) struct Pushed {
     pub stored: u64,
     /// Bytes uploaded (the rest the registry had already).
     pub pushed: u64,
+    /// Bytes the registry had already: the chunk dictionary's blobs (mounted or found
+    /// in the repository) and anything pushed before.
     pub reused: u64,
 }
 
-/// Pushes an image dir built without a chunk dictionary (every blob its own) as a
-/// Tessera image `target`: its blob, its bootstrap (zstd, in `work`), `config`, and
-/// last the manifest carrying `annotations`, so a failed push leaves `target` as it was.
+/// What [`push_built`] pushes beside the build itself.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PushSpec<'a> {
+    /// The image config (OCI), as is.
+    pub config: Vec<u8>,
+    /// The manifest's annotations.
+    pub annotations: serde_json::Map<String, serde_json::Value>,
+    /// The chunk dictionary the build was given: its blobs that the image references
+    /// are mounted (or copied) into the target's repository, not uploaded.
+    pub dict: Option<&'a PlatformImage>,
+    /// OCI 1.1: the manifest (of the target's repository) this image is about, and
+    /// the `artifactType` saying what it is to it. The image is then registered as a
+    /// referrer of that manifest ([`referrers::register`]).
+    pub subject: Option<(&'a Descriptor, &'a str)>,
+}
+
+/// Pushes an image dir as a Tessera image `target` (a tag, or untagged: pushed by
+/// digest): its blobs (the build's own uploaded, the chunk dictionary's mounted or
+/// copied), its bootstrap (zstd, in `work`), the config, and last the manifest, so a
+/// failed push leaves `target` as it was. A `subject` goes on the manifest with its
+/// `artifactType`; the agent's mount reads such a manifest as any Tessera image.
 pub(crate) async fn push_built(
     client: &RegistryClient,
     target: &Reference,
     build: &BuildSummary,
-    config: Vec<u8>,
-    annotations: serde_json::Map<String, serde_json::Value>,
+    spec: PushSpec<'_>,
     work: &Path,
     progress: &ConvertProgress,
 ) -> Result<Pushed> {
@@ -635,35 +643,38 @@ pub(crate) async fn push_built(
     compress_file(&build.image_dir.join("bootstrap"), &bootstrap_zst)?;
     let (bootstrap_digest, bootstrap_size) = sha256_file(&bootstrap_zst)?;
     let config_path = work.join("config.json");
-    std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
-    let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
-    let config_size = config.len() as u64;
-    let mut uploads = Vec::new();
-    for blob in &build.blobs {
-        if Some(&blob.digest) != build.new_blob.as_ref().map(|b| &b.digest) {
-            return Err(internal(
-                target,
-                format!("blob {} is not the build's own", blob.digest),
-            ));
-        }
-        let path = build.image_dir.join("blobs").join(hex_of(&blob.digest));
-        uploads.push((blob.digest.clone(), blob.size, path));
-    }
-    uploads.push((bootstrap_digest.clone(), bootstrap_size, bootstrap_zst));
-    uploads.push((config_digest.clone(), config_size, config_path));
-    let total: u64 = uploads.iter().map(|u| u.1).sum();
-    progress.push_total.fetch_add(total, Ordering::Relaxed);
+    std::fs::write(&config_path, &spec.config).map_err(|e| Error::io("write", &config_path, e))?;
+    let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&spec.config)));
+    let config_size = spec.config.len() as u64;
+    let blobs_size: u64 = build.blobs.iter().map(|b| b.size).sum();
+    progress.push_total.fetch_add(
+        build.new_blob.as_ref().map_or(0, |b| b.size) + bootstrap_size + config_size,
+        Ordering::Relaxed,
+    );
     let on_progress = |n: u64| {
         progress.pushed.fetch_add(n, Ordering::Relaxed);
     };
     let mut tally = PushTally::default();
-    for (digest, size, path) in &uploads {
+    push_blobs(
+        client,
+        target,
+        build,
+        spec.dict,
+        work,
+        &on_progress,
+        &mut tally,
+    )
+    .await?;
+    for (digest, size, path) in [
+        (&bootstrap_digest, bootstrap_size, &bootstrap_zst),
+        (&config_digest, config_size, &config_path),
+    ] {
         let outcome = client
-            .push_blob(target, digest, *size, path, None, &on_progress)
+            .push_blob(target, digest, size, path, None, &on_progress)
             .await?;
-        tally.count(outcome, *size);
+        tally.count(outcome, size);
     }
-    let manifest = json!({
+    let mut manifest = json!({
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "config": {
@@ -672,17 +683,77 @@ pub(crate) async fn push_built(
             "size": config_size,
         },
         "layers": tessera_layers(build, &bootstrap_digest, bootstrap_size, serde_json::Map::new()),
-        "annotations": annotations,
+        "annotations": spec.annotations,
     });
+    if let Some((subject, artifact_type)) = spec.subject {
+        manifest["artifactType"] = json!(artifact_type);
+        let subject = Descriptor {
+            artifact_type: None,
+            annotations: Default::default(),
+            ..subject.clone()
+        };
+        manifest["subject"] = subject.to_json();
+    }
     let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(target, e))?;
     let manifest_size = manifest.len() as u64;
     let digest = client.push_manifest(target, OCI_MANIFEST, manifest).await?;
+    if let Some((subject, artifact_type)) = spec.subject {
+        let entry = Descriptor {
+            media_type: OCI_MANIFEST.into(),
+            digest: digest.clone(),
+            size: manifest_size,
+            artifact_type: Some(artifact_type.to_string()),
+            annotations: spec
+                .annotations
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect(),
+        };
+        referrers::register(client, target, &subject.digest, &entry).await?;
+    }
     Ok(Pushed {
         digest,
-        stored: total + manifest_size,
+        stored: blobs_size + bootstrap_size + config_size + manifest_size,
         pushed: tally.pushed + manifest_size,
         reused: tally.reused,
     })
+}
+
+/// Makes every blob `build` references present in `target`'s repository: the one the
+/// build wrote is uploaded, the chunk dictionary's (`dict`) are mounted or copied.
+async fn push_blobs(
+    client: &RegistryClient,
+    target: &Reference,
+    build: &BuildSummary,
+    dict: Option<&PlatformImage>,
+    work: &Path,
+    on_progress: &(dyn Fn(u64) + Sync),
+    tally: &mut PushTally,
+) -> Result<()> {
+    let new_blob = build.new_blob.as_ref().map(|b| &b.digest);
+    for blob in &build.blobs {
+        if Some(&blob.digest) == new_blob {
+            let path = build.image_dir.join("blobs").join(hex_of(&blob.digest));
+            let outcome = client
+                .push_blob(target, &blob.digest, blob.size, &path, None, on_progress)
+                .await?;
+            tally.count(outcome, blob.size);
+        } else {
+            let dict = dict.ok_or_else(|| {
+                internal(
+                    target,
+                    format!(
+                        "blob {} is neither new nor from the chunk dictionary",
+                        blob.digest
+                    ),
+                )
+            })?;
+            let outcome =
+                copy_dict_blob(client, dict, target, &blob.digest, blob.size, work).await?;
+            tally.count(outcome, blob.size);
+        }
+    }
+    Ok(())
 }
 
 fn hex_of(digest: &str) -> &str {

@@ -35,7 +35,8 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    fn to_json(&self) -> Value {
+    /// The descriptor as a manifest or index names it.
+    pub fn to_json(&self) -> Value {
         let mut v = json!({
             "mediaType": self.media_type,
             "digest": self.digest,
@@ -186,14 +187,26 @@ pub async fn push(
         artifact_type: Some(artifact.artifact_type.to_string()),
         annotations: artifact.annotations.clone(),
     };
-    if client
-        .referrers(&repo, &artifact.subject.digest)
-        .await?
-        .is_none()
-    {
-        add_to_tag_index(client, &repo, &artifact.subject.digest, &pushed).await?;
-    }
+    register(client, &repo, &artifact.subject.digest, &pushed).await?;
     Ok(pushed)
+}
+
+/// Makes `entry`, a manifest already pushed to `r`'s repository with `subject` as its
+/// subject, findable by [`list`]: nothing to do where the registry has the referrers
+/// API (it indexes the subject itself), else the referrers tag's index gets the entry.
+/// `entry` should carry the manifest's `artifactType` and annotations, as the API's
+/// answer would.
+pub async fn register(
+    client: &RegistryClient,
+    r: &Reference,
+    subject: &str,
+    entry: &Descriptor,
+) -> Result<(), Error> {
+    let repo = in_repository(r, None, None);
+    if client.referrers(&repo, subject).await?.is_none() {
+        add_to_tag_index(client, &repo, subject, entry).await?;
+    }
+    Ok(())
 }
 
 async fn push_empty_config(client: &RegistryClient, repo: &Reference) -> Result<Descriptor, Error> {
