@@ -730,6 +730,61 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_checkpoint_for_an_app_image_goes_into_its_repository() {
+        let app = Reference::parse("r.example/team/app:1.4").unwrap();
+        let untagged = push_target(None, Some(&app)).unwrap();
+        assert_eq!(untagged.to_string(), "r.example/team/app");
+        let tag = Reference::parse("r.example/team/app:ckpt-1").unwrap();
+        assert_eq!(push_target(Some(&tag), Some(&app)).unwrap(), tag);
+        let elsewhere = Reference::parse("r.example/ckpt/app:v1").unwrap();
+        let e = push_target(Some(&elsewhere), Some(&app)).unwrap_err();
+        assert!(
+            matches!(&e, Error::Setting { setting, .. } if setting == "TARGET"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("r.example/team/app:TAG"), "{e}");
+        assert!(push_target(None, None).is_err());
+        let pinned =
+            Reference::parse(&format!("r.example/team/app@sha256:{}", "a".repeat(64))).unwrap();
+        assert!(matches!(
+            push_target(Some(&pinned), None),
+            Err(Error::Reference { .. })
+        ));
+    }
+
+    #[test]
+    fn no_usable_checkpoint_says_boot_and_why() {
+        let none = Error::NoUsableCheckpoint {
+            image: "r.example/app:1".into(),
+            subject: "sha256:abc".into(),
+            rejected: Vec::new(),
+        };
+        let message = none.to_string();
+        assert!(
+            message.starts_with("no usable checkpoint: boot the image r.example/app:1")
+                && message.contains("no checkpoint"),
+            "{message}"
+        );
+        let incompatible = Error::NoUsableCheckpoint {
+            image: "r.example/app:1".into(),
+            subject: "sha256:abc".into(),
+            rejected: vec![RejectedCheckpoint {
+                checkpoint: "r.example/app@sha256:def".into(),
+                created: Some("2025-01-01T00:00:00.000Z".into()),
+                reason: "it was dumped by CRIU 3.17.1".into(),
+            }],
+        };
+        let message = incompatible.to_string();
+        assert!(
+            message.contains("none of its 1 checkpoints")
+                && message.contains(
+                    "sha256:def (2025-01-01T00:00:00.000Z): it was dumped by CRIU 3.17.1"
+                ),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn manifest_annotations_are_read_leniently() {
         let m = br#"{"annotations":{"a":"1","b":2},"layers":[]}"#;
         let a = manifest_annotations(m);
