@@ -75,6 +75,14 @@ struct Killer {
 
 impl Killer {
     fn kill(&mut self) {
+        // A child already reaped (CRIU killed it) is not signalled: its pid may be a
+        // restored tree's by now, which its own guard ends.
+        if let Some(child) = &mut self.child {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                self.child = None;
+                return;
+            }
+        }
         let _ = Command::new("kill")
             .args(["-KILL", &self.pid.to_string()])
             .stderr(Stdio::null())
