@@ -265,6 +265,7 @@ pub async fn checkpoint(
             annotations,
             dict: dict.as_ref().map(|(image, _)| image),
             subject: subject.as_ref().map(|s| (s, ARTIFACT_TYPE)),
+            ..PushSpec::default()
         };
         let pushed = push_built(&client, &target, &build, spec, &opts.work_dir, progress).await?;
         Ok::<_, Error>((build, build_seconds, pushed, t.elapsed().as_secs_f64()))

@@ -301,8 +301,8 @@ struct Converted {
 
 /// A built image dir and where it came from.
 struct Built {
+    /// Its `image_dir` is the built image.
     summary: BuildSummary,
-    image_dir: PathBuf,
     /// The chunk dictionary's image, whose blobs the new image references.
     dict: Option<PlatformImage>,
 }
@@ -408,8 +408,7 @@ impl Job<'_> {
         }
         self.progress.set_phase(format!("build {label}"));
         let t = Instant::now();
-        let image_dir = work.join("image");
-        let out = image_dir.clone();
+        let out = work.join("image");
         let summary = tokio::task::spawn_blocking(move || -> rafs_format::Result<BuildSummary> {
             let mut builder = Builder::new(&out, opts)?;
             for layer in &layers {
@@ -425,11 +424,7 @@ impl Job<'_> {
         .await
         .map_err(|e| internal(self.dst, format!("build task: {e}")))??;
         self.time(|t| &mut t.build, t);
-        Ok(Built {
-            summary,
-            image_dir,
-            dict,
-        })
+        Ok(Built { summary, dict })
     }
 
     /// Pushes the blobs, the bootstrap layer, the config and, last, the manifest.
@@ -442,75 +437,29 @@ impl Job<'_> {
         work: &Path,
     ) -> Result<Converted> {
         let build = &built.summary;
-        let bootstrap_zst = work.join("bootstrap.zst");
-        compress_file(&built.image_dir.join("bootstrap"), &bootstrap_zst)?;
-        let (bootstrap_digest, bootstrap_size) = sha256_file(&bootstrap_zst)?;
-        let config = rewrite_config(source_config, build, target)?;
-        let config_path = work.join("config.json");
-        std::fs::write(&config_path, &config).map_err(|e| Error::io("write", &config_path, e))?;
-        let config_digest = format!("sha256:{}", hex::encode(Sha256::digest(&config)));
-        let config_size = config.len() as u64;
-        let new_blob = build.new_blob.as_ref();
-        self.progress.push_total.fetch_add(
-            new_blob.map_or(0, |b| b.size) + bootstrap_size + config_size,
-            Ordering::Relaxed,
-        );
-        let on_progress = |n: u64| {
-            self.progress.pushed.fetch_add(n, Ordering::Relaxed);
-        };
-        let client = self.dst_client;
-        let mut tally = PushTally::default();
-        push_blobs(
-            client,
-            target,
-            build,
-            built.dict.as_ref(),
-            work,
-            &on_progress,
-            &mut tally,
-        )
-        .await?;
-        for (digest, size, path) in [
-            (&bootstrap_digest, bootstrap_size, &bootstrap_zst),
-            (&config_digest, config_size, &config_path),
-        ] {
-            let outcome = client
-                .push_blob(target, digest, size, path, None, &on_progress)
-                .await?;
-            tally.count(outcome, size);
-        }
-
         let mut source_digest = serde_json::Map::new();
         source_digest.insert(SOURCE_DIGEST_ANNOTATION.into(), json!(source.raw.digest));
-        let layers = tessera_layers(build, &bootstrap_digest, bootstrap_size, source_digest);
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {
-                "mediaType": OCI_CONFIG,
-                "digest": config_digest,
-                "size": config_size,
-            },
-            "layers": layers,
-            "annotations": {
-                SOURCE_DIGEST_ANNOTATION: source.raw.digest,
-                SOURCE_REF_ANNOTATION: self.src.to_string(),
-            },
-        });
-        let manifest = serde_json::to_vec(&manifest).map_err(|e| internal(target, e))?;
-        let manifest_size = manifest.len() as u64;
-        let digest = client.push_manifest(target, OCI_MANIFEST, manifest).await?;
+        let mut annotations = source_digest.clone();
+        annotations.insert(SOURCE_REF_ANNOTATION.into(), json!(self.src.to_string()));
+        let spec = PushSpec {
+            config: rewrite_config(source_config, build, target)?,
+            annotations,
+            layer_annotations: source_digest,
+            dict: built.dict.as_ref(),
+            subject: None,
+        };
+        let pushed = push_built(self.dst_client, target, build, spec, work, self.progress).await?;
         Ok(Converted {
             summary: ImageSummary {
                 platform: source.platform.as_ref().map(ToString::to_string),
                 source_digest: source.raw.digest.clone(),
-                digest,
+                digest: pushed.digest,
                 source_bytes: source.manifest.layers().iter().map(|l| l.size()).sum(),
-                pushed_bytes: tally.pushed,
-                reused_bytes: tally.reused,
+                pushed_bytes: pushed.pushed,
+                reused_bytes: pushed.reused,
                 build: build.clone(),
             },
-            manifest_size,
+            manifest_size: pushed.manifest_size,
         })
     }
 
@@ -603,11 +552,13 @@ pub(crate) struct Pushed {
     pub digest: String,
     /// Bytes of the image in the registry: blobs, bootstrap (zstd), config, manifest.
     pub stored: u64,
-    /// Bytes uploaded (the rest the registry had already).
+    /// Bytes of blobs uploaded (the rest the registry had already); the manifest aside.
     pub pushed: u64,
     /// Bytes the registry had already: the chunk dictionary's blobs (mounted or found
     /// in the repository) and anything pushed before.
     pub reused: u64,
+    /// The manifest's length (an index names it with its size).
+    pub manifest_size: u64,
 }
 
 /// What [`push_built`] pushes beside the build itself.
@@ -617,6 +568,8 @@ pub(crate) struct PushSpec<'a> {
     pub config: Vec<u8>,
     /// The manifest's annotations.
     pub annotations: serde_json::Map<String, serde_json::Value>,
+    /// Annotations every layer (blob and bootstrap) carries besides Tessera's own.
+    pub layer_annotations: serde_json::Map<String, serde_json::Value>,
     /// The chunk dictionary the build was given: its blobs that the image references
     /// are mounted (or copied) into the target's repository, not uploaded.
     pub dict: Option<&'a PlatformImage>,
@@ -682,7 +635,7 @@ pub(crate) async fn push_built(
             "digest": config_digest,
             "size": config_size,
         },
-        "layers": tessera_layers(build, &bootstrap_digest, bootstrap_size, serde_json::Map::new()),
+        "layers": tessera_layers(build, &bootstrap_digest, bootstrap_size, spec.layer_annotations),
         "annotations": spec.annotations,
     });
     if let Some((subject, artifact_type)) = spec.subject {
@@ -714,8 +667,9 @@ pub(crate) async fn push_built(
     Ok(Pushed {
         digest,
         stored: blobs_size + bootstrap_size + config_size + manifest_size,
-        pushed: tally.pushed + manifest_size,
+        pushed: tally.pushed,
         reused: tally.reused,
+        manifest_size,
     })
 }
 
