@@ -345,19 +345,30 @@ impl LayerStore {
     async fn open(&self, reference: &Reference) -> Result<Option<Opened>> {
         let client = self.registry_client();
         let image = registry_image::resolve_platform(client, reference, &Platform::host()).await?;
+        // What the image is decides whether the store has it, before its config is
+        // read: most names podman asks about are "not here".
+        enum Kind {
+            /// A Tessera image, with its bootstrap layer's digest.
+            Converted(String),
+            /// A plain image with an index, with its layers' uncompressed sizes.
+            Indexed(Vec<u64>),
+        }
+        let kind = match registry_image::bootstrap_layer(&image) {
+            Ok(bootstrap) => Kind::Converted(bootstrap.digest().to_string()),
+            Err(_) => match index_diff_sizes(client, &image).await {
+                Some(sizes) => Kind::Indexed(sizes),
+                None => return Ok(None),
+            },
+        };
         // containers/storage takes `diff-digest` as the layer's identity without
         // checking it: it comes from the config, verified against the manifest.
         let config = registry_image::fetch_config(client, &image).await?;
         let diff_ids = registry_image::diff_ids(&image, &config)?;
-        let layers = match registry_image::bootstrap_layer(&image) {
-            Ok(bootstrap) => {
-                let bootstrap = bootstrap.digest().to_string();
+        let layers = match kind {
+            Kind::Converted(bootstrap) => {
                 self.converted_layers(&image, &bootstrap, &diff_ids).await?
             }
-            Err(_) => match indexed_layers(client, &image, &diff_ids).await {
-                Some(layers) => layers,
-                None => return Ok(None),
-            },
+            Kind::Indexed(sizes) => indexed_layers(&image, &sizes, &diff_ids),
         };
         Ok(Some(Opened {
             manifest: image.raw.digest.clone(),
@@ -471,14 +482,10 @@ impl Table {
     }
 }
 
-/// A plain image's layers, if it has an index with a tree of every layer alone and
-/// its size (`tessera index` since format.md §17.7): each layer's `diff` is its own
-/// tree. `None` ("not here", podman pulls as usual) for anything else.
-async fn indexed_layers(
-    client: &RegistryClient,
-    image: &PlatformImage,
-    diff_ids: &[String],
-) -> Option<Vec<StoreLayer>> {
+/// The uncompressed size of each of a plain image's layers, if it has an index with a
+/// tree of every layer alone and its size (`tessera index` since format.md §17.7).
+/// `None` ("not here", podman pulls as usual) for anything else.
+async fn index_diff_sizes(client: &RegistryClient, image: &PlatformImage) -> Option<Vec<u64>> {
     let location = match registry_image::locate_bootstrap(client, image, Layers::All).await {
         Ok(location) => location,
         Err(e) => {
@@ -487,33 +494,44 @@ async fn indexed_layers(
         }
     };
     let trees = location.index.map(|i| i.layer_trees).unwrap_or_default();
-    let mut layers = Vec::new();
-    for (k, (layer, diff_id)) in image.manifest.layers().iter().zip(diff_ids).enumerate() {
+    let sizes = (0..image.manifest.layers().len()).map(|k| {
         let k = u32::try_from(k).ok()?;
-        let Some(diff_size) = trees
-            .iter()
-            .find(|t| t.layer == k)
-            .and_then(|t| t.diff_size)
-        else {
-            tracing::info!(image = %image.reference, layer = k, "an index without a tree of each layer alone (made before format.md §17.7): not in the layer store; `tessera index` it again");
-            return None;
-        };
-        let digest = layer.digest().to_string();
-        let media_type = layer.media_type().to_string();
-        layers.push(StoreLayer {
-            info: info_json(
-                &digest,
-                (layer.size(), diff_size),
-                diff_id,
-                compression_of(&media_type),
-            ),
-            digest,
-            size: layer.size(),
-            shows: Some(Layers::Only(k)),
-            tree: None,
-        });
+        trees.iter().find(|t| t.layer == k)?.diff_size
+    });
+    let sizes = sizes.collect::<Option<Vec<u64>>>();
+    if sizes.is_none() {
+        tracing::info!(image = %image.reference, "an index without a tree of each layer alone (made before format.md §17.7): not in the layer store; `tessera index` it again");
     }
-    Some(layers)
+    sizes
+}
+
+/// An indexed plain image's layers, given their uncompressed sizes: each layer's
+/// `diff` is its own tree.
+fn indexed_layers(
+    image: &PlatformImage,
+    diff_sizes: &[u64],
+    diff_ids: &[String],
+) -> Vec<StoreLayer> {
+    let layers = image.manifest.layers().iter().zip(diff_sizes).zip(diff_ids);
+    (0u32..)
+        .zip(layers)
+        .map(|(k, ((layer, &diff_size), diff_id))| {
+            let digest = layer.digest().to_string();
+            let media_type = layer.media_type().to_string();
+            StoreLayer {
+                info: info_json(
+                    &digest,
+                    (layer.size(), diff_size),
+                    diff_id,
+                    compression_of(&media_type),
+                ),
+                digest,
+                size: layer.size(),
+                shows: Some(Layers::Only(k)),
+                tree: None,
+            }
+        })
+        .collect()
 }
 
 /// The image reference a root entry name encodes: Go's `base64.StdEncoding` (padded)
