@@ -956,31 +956,38 @@ fn mib(b: f64) -> f64 {
     b / f64::from(1 << 20)
 }
 
-/// Every log under the work dir that says a daemon panicked (agents, containerd,
-/// the scheduler, the registry): the run fails on any.
+/// Every log under the work dir that says a daemon panicked (the agents', the
+/// scheduler's, containerd's): the run fails on any. Logs sit near the top of their
+/// daemon's directory; image trees, caches and mounts are not walked.
 fn panicked_logs(dir: &Path) -> Vec<PathBuf> {
+    const SKIP: [&str; 9] = [
+        "root",
+        "state",
+        "snapshots",
+        "snapshotter",
+        "cache",
+        "upper",
+        "work",
+        "approot",
+        "mnt",
+    ];
     let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
+    let mut stack = vec![(dir.to_path_buf(), 0)];
+    while let Some((d, depth)) = stack.pop() {
         for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let (path, kind) = (entry.path(), entry.file_type());
-            match kind {
-                Ok(k) if k.is_dir() && !k.is_symlink() => {
-                    // Not into mounts (an app root, a snapshot).
-                    if !support::agent::is_mounted(&path) {
-                        stack.push(path);
-                    }
-                }
-                Ok(k) if k.is_file() => {
-                    let name = path.file_name().unwrap().to_string_lossy();
-                    if name.ends_with(".log") || name.ends_with(".err") {
-                        let text = std::fs::read(&path).unwrap_or_default();
-                        if String::from_utf8_lossy(&text).contains("panicked at") {
-                            found.push(path);
-                        }
-                    }
-                }
-                _ => {}
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() && depth < 4 && !SKIP.contains(&name.as_str()) {
+                stack.push((path, depth + 1));
+            } else if kind.is_file()
+                && name.ends_with(".log")
+                && String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default())
+                    .contains("panicked at")
+            {
+                found.push(path);
             }
         }
     }
