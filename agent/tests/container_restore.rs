@@ -354,6 +354,12 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     let (count, _, _) = wait_for_answer(&a.host.ip.to_string(), Duration::from_secs(10)).unwrap();
     assert_eq!(count, 2);
 
+    // A client holding a connection open: its socket is dumped established and comes
+    // back closed (CRIU's tcp-close), so the restored server is not left waiting on a
+    // peer that is gone (this one-threaded server reads it before any other request).
+    let idle = TcpStream::connect((a.host.ip.to_string(), PORT)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
     // Checkpoint it through containerd (runc drives CRIU); it stops once dumped.
     let out = tessera()
         .args([
@@ -392,6 +398,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         "the checkpointed server stopped"
     );
     a.remove("web");
+    drop(idle);
 
     // Its chunks corrupt in the registry: the restore fails and the container boots.
     let manifest = block_on(client.manifest(&Reference::parse(&checkpoint_ref).unwrap())).unwrap();
