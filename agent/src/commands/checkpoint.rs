@@ -1,4 +1,4 @@
-//! `tessera checkpoint` and `tessera restore`: the command line around
+//! `tessera checkpoint`, `tessera restore` and `tessera run`: the command line around
 //! [`tessera_agent::checkpoint`] — flags, credentials, the progress line and the
 //! summaries.
 
@@ -9,8 +9,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rafs_format::builder::BuildOptions;
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
-use tessera_agent::checkpoint::{self, CheckpointOptions, Criu, DictChoice, RestoreOptions};
+use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions};
+use tessera_agent::checkpoint::{
+    self, CheckpointOptions, ContainerdAt, Criu, DictChoice, RestoreOptions, Source,
+};
 use tessera_agent::config::DEFAULT_SOCKET;
+use tessera_agent::containerd::SNAPSHOTTER;
 use tessera_agent::convert::ConvertProgress;
 use tessera_agent::registry::client::Credential;
 use tessera_agent::registry::credentials::parse_user_password;
@@ -47,17 +51,53 @@ impl CriuArgs {
     }
 }
 
+/// Where containerd is.
+#[derive(Debug, Args)]
+pub struct ContainerdArgs {
+    /// containerd's socket.
+    #[arg(
+        long,
+        env = "CONTAINERD_ADDRESS",
+        value_name = "SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: PathBuf,
+    /// containerd namespace (`ctr`'s default; the kubelet's is `k8s.io`).
+    #[arg(long, env = "CONTAINERD_NAMESPACE", default_value = "default")]
+    namespace: String,
+}
+
+impl ContainerdArgs {
+    fn at(&self) -> ContainerdAt {
+        ContainerdAt {
+            address: self.address.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CheckpointArgs {
-    /// The root process of the tree to checkpoint.
-    #[arg(long)]
-    pid: u32,
+    /// The root process of the tree to checkpoint (CRIU dumps it directly).
+    #[arg(
+        long,
+        required_unless_present = "container",
+        conflicts_with = "container"
+    )]
+    pid: Option<u32>,
+    /// The containerd container to checkpoint (runc dumps its task through
+    /// containerd); --for defaults to its image.
+    #[arg(long, value_name = "ID")]
+    container: Option<String>,
+    #[command(flatten)]
+    containerd: ContainerdArgs,
     /// Keep the process running after the dump (by default CRIU stops it).
     #[arg(long)]
     leave_running: bool,
-    /// Where to push the checkpoint (a tag). With --for it must be in the app image's
-    /// repository, and may be left out: the checkpoint is then pushed there untagged.
-    #[arg(required_unless_present = "app")]
+    /// Where to push the checkpoint (a tag). With --for (or --container) it must be in
+    /// the app image's repository, and may be left out: the checkpoint is then pushed
+    /// there untagged.
+    #[arg(required_unless_present_any = ["app", "container"])]
     target: Option<Reference>,
     /// The app image the process runs: the checkpoint is pushed as an OCI referrer of
     /// its manifest (this node's platform), where `tessera restore --for` finds it.
@@ -100,8 +140,19 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let client = args.registry.client(&refs, args.dest_creds.as_ref())?;
     let work = scratch(&args.work_dir)?;
     let avg = args.chunk_size;
+    let (source, what) = match (&args.pid, &args.container) {
+        (_, Some(id)) => (
+            Source::Container {
+                containerd: args.containerd.at(),
+                id: id.clone(),
+            },
+            format!("container {id}"),
+        ),
+        (Some(pid), None) => (Source::Process(*pid), format!("pid {pid}")),
+        (None, None) => anyhow::bail!("give --pid PID or --container ID"),
+    };
     let opts = CheckpointOptions {
-        pid: args.pid,
+        source,
         leave_running: args.leave_running,
         criu: args.criu.criu(),
         build: BuildOptions {
@@ -132,7 +183,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let destination = match (&args.target, &args.app) {
         (Some(t), _) => t.to_string(),
         (None, Some(app)) => format!("the repository of {app}"),
-        (None, None) => "nowhere".into(),
+        (None, None) => "the repository of its image".into(),
     };
     let summary = runtime()?
         .block_on(checkpoint::checkpoint(
@@ -141,7 +192,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             &opts,
             &progress,
         ))
-        .with_context(|| format!("checkpoint pid {} to {destination}", args.pid))?;
+        .with_context(|| format!("checkpoint {what} to {destination}"))?;
     drop(display);
     print_summary(&summary, args.json)
 }
@@ -197,6 +248,82 @@ pub fn restore(args: RestoreArgs) -> Result<()> {
             .with_context(|| format!("restore a checkpoint of {app}"))?,
         (None, None) => anyhow::bail!("give a checkpoint REF or --for APP_IMAGE"),
     };
+    print_summary(&summary, args.json)
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The app image: a Tessera image (converted or indexed); its checkpoints are its
+    /// referrers (`tessera checkpoint --container ID`).
+    image: Reference,
+    /// The new container's id.
+    id: String,
+    /// Its hostname [default: its id]. A restored container gets it too: it is a
+    /// clone, not a copy of the one checkpointed.
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Boot, whatever checkpoints the image has.
+    #[arg(long, conflicts_with = "checkpoint")]
+    boot: bool,
+    /// Restore this checkpoint instead of the image's newest (booting if this node
+    /// cannot restore it).
+    #[arg(long, value_name = "REF")]
+    checkpoint: Option<Reference>,
+    #[command(flatten)]
+    containerd: ContainerdArgs,
+    /// The Tessera snapshotter's name in containerd's config.
+    #[arg(long, default_value = SNAPSHOTTER)]
+    snapshotter: String,
+    #[command(flatten)]
+    criu: CriuArgs,
+    /// The agent's socket: the agent mounts the checkpoint lazily.
+    #[arg(long, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
+    /// Where each container's CRIU config and logs, and by default its output, are
+    /// kept while it runs.
+    #[arg(long, default_value = "/var/lib/tessera/run", value_name = "DIR")]
+    state_dir: PathBuf,
+    /// The container's output (appended) [default: in --state-dir].
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Registry credentials, `USER:PASSWORD` (else the credentials file); the agent
+    /// uses its own for the mounts.
+    #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
+    creds: Option<Credential>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let refs: Vec<&Reference> = [Some(&args.image), args.checkpoint.as_ref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let client = args.registry.client(&refs, args.creds.as_ref())?;
+    let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or(p.clone());
+    let opts = RunOptions {
+        containerd: args.containerd.at(),
+        snapshotter: args.snapshotter.clone(),
+        id: args.id.clone(),
+        hostname: args.hostname.clone(),
+        restore: match (&args.checkpoint, args.boot) {
+            (Some(r), _) => RestoreChoice::Checkpoint(r.clone()),
+            (None, true) => RestoreChoice::Never,
+            (None, false) => RestoreChoice::Newest,
+        },
+        criu: args.criu.criu(),
+        // The agent and containerd's shim are told absolute paths: they run elsewhere.
+        socket: absolute(&args.socket),
+        platform: Platform::host(),
+        state_dir: absolute(&args.state_dir),
+        log: args.log.as_ref().map(absolute),
+    };
+    let summary = runtime()?
+        .block_on(checkpoint::run::run(&client, &args.image, &opts))
+        .with_context(|| format!("run {} as container {}", args.image, args.id))?;
     print_summary(&summary, args.json)
 }
 
