@@ -17,22 +17,16 @@
 //!    image pull` fetches it too, then fails to unpack a checkpoint index in
 //!    containerd 1.6), `ctr image pull` of the app image it names (a restore needs its
 //!    rootfs), then `ctr containers restore --rw --live`;
-//! 4. Tessera restore on a cold node: a new agent, its cache empty;
+//! 4. Tessera restore on a cold node: a new agent (its cache empty) serving containerd's
+//!    snapshotter; `tessera run` restores the app image's newest checkpoint (made on
+//!    node A by `tessera checkpoint --container`, a referrer of the app image) into a new
+//!    container: runc's CRIU reads the checkpoint from the agent's lazy mount, the rootfs
+//!    is the image's lazy mount through the Tessera snapshotter;
 //! 5. the same with a peer (node A, through the scheduler) holding the checkpoint and
 //!    the app image's start-up chunks.
 //!
 //! The working-set prefetch row of issue 29 is not here: that feature is not built yet
 //! (the JSON and the report say so).
-//!
-//! How rows 4 and 5 restore (`tessera_path` in the JSON): main has `tessera checkpoint
-//! --pid` / `tessera restore --for` (process trees), not yet a containerd path. So the
-//! app runs as a process, not a container: `chroot` into an overlay over the agent's
-//! lazy mount of the converted app image, in the node's network namespace. Set-up boots
-//! it on node A and checkpoints it (`tessera checkpoint --pid --for APP`, a referrer of
-//! the app image); a restore mounts the app image lazily at the same path on the
-//! restoring node (CRIU restores the process's root and mapped files by path) and runs
-//! `tessera restore --for APP` there. The rows 1–3 run containers; rows 4–5 save
-//! runc's container set-up (a few hundred ms), which the report notes.
 //!
 //! Also reported: the checkpoints' sizes (CRIU's files, what the registry stores), the
 //! bytes each row had the registry send (its interface's counter), and the dedup
@@ -55,12 +49,12 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::agent::AgentProcess;
-use support::containerd::{plain_http_hosts, Containerd, Snapshotter};
+use support::containerd::{plain_http_hosts, Containerd, Snapshotter, NAMESPACE};
 use support::cri::cri_pull;
 use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
@@ -88,13 +82,6 @@ const TESSERA_PEER: &str = "tessera restore, checkpoint on a peer";
 
 /// How long any app may take to answer after its row's start.
 const ANSWER_WITHIN: Duration = Duration::from_secs(600);
-
-/// The environment the app runs with, as the image's config sets it.
-const APP_ENV: [(&str, &str); 3] = [
-    ("HOME", "/tmp"),
-    ("MPLCONFIGDIR", "/tmp/matplotlib"),
-    ("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
-];
 
 /// The app image's OCI layout (tags v1, v2), its description and unpacked size.
 fn app_layout() -> (PathBuf, String, u64) {
@@ -240,9 +227,14 @@ impl Bed {
         let registry = Registry::start_in(&registry_host);
         let work = tempfile::tempdir().unwrap();
         let config = work.path().join("tessera.toml");
+        // No eviction for a full disk (a machine shared with builds): node A must keep
+        // what it holds for the peer row.
         std::fs::write(
             &config,
-            format!("[registry]\ninsecure = [\"{}\"]\n", registry.addr),
+            format!(
+                "cache_disk_high_percent = 100\n[registry]\ninsecure = [\"{}\"]\n",
+                registry.addr
+            ),
         )
         .unwrap();
         Bed {
@@ -416,7 +408,10 @@ fn cold_boot(bed: &Bed, expected: &str, rep: usize) -> Timing {
     ctr_run(&containerd, "overlayfs", &reference, "app");
     wait_correct(bed.node.ip, expected, COLD_BOOT);
     let total = t.elapsed().as_secs_f64();
-    mark.timing(bed, fetch, total - fetch)
+    let timing = mark.timing(bed, fetch, total - fetch);
+    drop(containerd);
+    discard(&dir);
+    timing
 }
 
 /// Row 2: the converted image pulled through the CRI image service with the agent as
@@ -449,6 +444,7 @@ fn lazy_boot(bed: &Bed, expected: &str, rep: usize) -> Timing {
     let timing = mark.timing(bed, fetch, total - fetch);
     drop(containerd);
     drop(agent);
+    discard(&dir);
     timing
 }
 
@@ -556,120 +552,79 @@ fn ctr_restore(bed: &Bed, expected: &str, rep: usize) -> Timing {
     );
     wait_correct(bed.node.ip, expected, CTR_RESTORE);
     let total = t.elapsed().as_secs_f64();
-    mark.timing(bed, fetch, total - fetch)
+    let timing = mark.timing(bed, fetch, total - fetch);
+    drop(containerd);
+    discard(&dir);
+    timing
 }
 
-/// The app's root for the process-level rows: an overlay (upper dir of its own) over
-/// the agent's lazy mount of the app image, both at the same paths on every node, as
-/// CRIU restores a process's root and mapped files by path. Unmounted when dropped.
-struct AppRoot {
-    lower: PathBuf,
-    merged: PathBuf,
-    socket: PathBuf,
+/// A node that runs containers from lazy mounts: an agent serving containerd's
+/// snapshotter API (in the swarm, when given a scheduler), and containerd using it.
+/// containerd is dropped first, so its containers are gone before the agent's mounts.
+struct TesseraNode {
+    containerd: Containerd,
+    agent: AgentProcess,
+    dir: PathBuf,
 }
 
-impl AppRoot {
-    /// The fixed paths (under the work dir).
-    fn paths(bed: &Bed) -> (PathBuf, PathBuf) {
-        let base = bed.work.path().join("approot");
-        (base.join("lower"), base.join("merged"))
-    }
-
-    /// `agent` mounts `tag` lazily; the overlay goes over it, its upper dir in `scratch`.
-    fn mount(bed: &Bed, agent: &AgentProcess, tag: &str, scratch: &Path) -> AppRoot {
-        let (lower, merged) = AppRoot::paths(bed);
-        let (upper, work) = (scratch.join("upper"), scratch.join("work"));
-        for d in [&lower, &merged, &upper, &work] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        agent.ok(&["mount", &bed.reference(tag), s(&lower)]);
-        let root = AppRoot {
-            lower,
-            merged,
-            socket: agent.socket.clone(),
-        };
-        let options = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            root.lower.display(),
-            upper.display(),
-            work.display()
+impl TesseraNode {
+    fn start(bed: &Bed, host: &NetHost, dir: &Path, agent_args: &[&str]) -> TesseraNode {
+        let (socket, root) = (dir.join("agent/snap.sock"), dir.join("agent/snapshotter"));
+        let snapshotter = [
+            "--config",
+            s(&bed.config),
+            "--snapshotter-socket",
+            s(&socket),
+            "--snapshotter-root",
+            s(&root),
+        ];
+        let agent = AgentProcess::start_in(
+            &dir.join("agent"),
+            host,
+            &[&snapshotter[..], agent_args].concat(),
         );
-        run(Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &options])
-            .arg(&root.merged));
-        root
-    }
-}
-
-impl Drop for AppRoot {
-    fn drop(&mut self) {
-        for (path, first) in [
-            (
-                &self.merged,
-                Command::new("umount").arg(&self.merged).output(),
-            ),
-            (
-                &self.lower,
-                support::tessera()
-                    .args(["umount", s(&self.lower), "--socket", s(&self.socket)])
-                    .output(),
-            ),
-        ] {
-            if !first.is_ok_and(|o| o.status.success()) && support::agent::is_mounted(path) {
-                let _ = Command::new("umount").arg("-l").arg(path).status();
-            }
+        agent.wait_for_socket(&socket);
+        let containerd = containerd_on(bed, dir, host, Some(&socket));
+        TesseraNode {
+            containerd,
+            agent,
+            dir: dir.to_path_buf(),
         }
     }
-}
 
-/// A process tree to end: killed and reaped when dropped (this process is the child
-/// subreaper, so a tree CRIU restored is its child once `criu` exits; reaped, its pid
-/// is free for the next restore of the same checkpoint).
-struct Tree {
-    pid: u32,
-}
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) else {
-            return;
-        };
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+    /// `tessera run` of app image `tag` as container `id` on this node (in its network
+    /// namespace): restores the image's newest checkpoint, or boots. Its summary.
+    fn run(&self, bed: &Bed, host: &NetHost, tag: &str, id: &str) -> Value {
+        let state = self.dir.join("run");
+        bed.tessera_json(
+            host,
+            &[
+                "run",
+                "--criu",
+                s(&bed.criu),
+                "--address",
+                s(&self.containerd.socket),
+                "--namespace",
+                NAMESPACE,
+                "--socket",
+                s(&self.agent.socket),
+                "--state-dir",
+                s(&state),
+                &bed.reference(tag),
+                id,
+            ],
+        )
     }
-}
 
-/// The booted app the process-level rows checkpoint: killed and reaped when dropped,
-/// unless the dump ended it.
-struct Booted(Child);
-
-impl Drop for Booted {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
+    /// Chunk bytes this node's agent got from peers for the mounts it still has.
+    fn peer_bytes(&self) -> u64 {
+        self.agent.status()["mounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["pull"]["peer_bytes"].as_u64())
+            .sum()
     }
-}
-
-/// Starts `/app/serve.py` in `root` (chroot) on `host`, in a session of its own.
-/// `nsenter`, `setsid` and `chroot` exec in place, so the child is python itself.
-fn boot_process(bed: &Bed, host: &NetHost, root: &Path) -> Booted {
-    let mut cmd = host.command("setsid");
-    cmd.arg("chroot")
-        .arg(root)
-        .args([
-            "/usr/bin/python3",
-            "/app/serve.py",
-            &PORT.to_string(),
-            bed.mode,
-        ])
-        .env_clear()
-        .envs(APP_ENV)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    Booted(cmd.spawn().expect("start the app"))
 }
 
 /// A checkpoint `tessera checkpoint` made: its summary.
@@ -687,57 +642,62 @@ impl TesseraCheckpoint {
     }
 }
 
-/// Boots app image `tag` as a process on node A (its agent mounting the image), waits
-/// for its answer, and checkpoints it for the converted image (`--for`; `extra` flags
-/// such as `--chunk-dict`); the process is stopped by the dump. Returns the checkpoint,
-/// the answer, and the boot's seconds (node A, registry uncapped).
+/// Boots app image `tag` on node A with `tessera run` (it has no checkpoint yet),
+/// waits for its answer, and checkpoints the container with `tessera checkpoint
+/// --container` (containerd's task API; runc drives CRIU) for the image, `extra` flags
+/// added (`--chunk-dict`); the container stops once dumped and is removed. Returns the
+/// checkpoint, the answer, and the boot's seconds (node A, registry uncapped).
 fn boot_and_checkpoint(
     bed: &Bed,
-    agent: &AgentProcess,
+    peers: &Peers,
     tag: &str,
     extra: &[&str],
 ) -> (TesseraCheckpoint, String, f64) {
-    let scratch = bed.dir(&format!("boot-{tag}"));
-    let root = AppRoot::mount(bed, agent, tag, &scratch);
+    let node = &peers.node_a;
+    let id = format!("app-{tag}");
     let t = Instant::now();
-    let mut child = boot_process(bed, &bed.holder_host, &root.merged);
+    let booted = node.run(bed, &bed.holder_host, tag, &id);
+    assert_eq!(booted["outcome"]["how"], "booted", "{booted}");
     let answer = wait_answer(bed.holder_host.ip, &format!("boot of {tag} on node A"));
     let boot_seconds = t.elapsed().as_secs_f64();
     assert_eq!(
         get(SocketAddr::from((bed.holder_host.ip, PORT))).unwrap(),
         answer
     );
-    let pid = child.0.id().to_string();
+    let scratch = bed.dir(&format!("checkpoint-{tag}"));
     let args = [
         "checkpoint",
-        "--pid",
-        &pid,
         "--criu",
         s(&bed.criu),
+        "--container",
+        &id,
+        "--address",
+        s(&node.containerd.socket),
+        "--namespace",
+        NAMESPACE,
         "--for",
         &bed.reference(tag),
         "--work-dir",
         s(&scratch),
     ];
     let summary = bed.tessera_json(&bed.holder_host, &[&args[..], extra].concat());
-    // CRIU stopped it: reap it, so its pid is free for the restores.
+    let _ = node.containerd.ctr(&["task", "kill", "-s", "SIGKILL", &id]);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while child.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the app runs on after the dump");
-        std::thread::sleep(Duration::from_millis(20));
+    while !node.containerd.ctr(&["task", "rm", &id]).status.success() {
+        assert!(Instant::now() < deadline, "task {id} is not removed");
+        std::thread::sleep(Duration::from_millis(100));
     }
-    drop(root);
+    node.containerd.ctr_ok(&["container", "rm", &id]);
     (TesseraCheckpoint { summary }, answer, boot_seconds)
 }
 
-/// The peer row's scheduler and node A: node A's agent booted the app from its lazy
-/// mount and checkpointed it (so its cache holds the app image's start-up chunks),
-/// then read the whole checkpoint through a mount of it (so it holds every chunk of
-/// the checkpoint).
+/// The peer row's scheduler and node A. Node A boots the app from its lazy mount and
+/// checkpoints it (so its cache holds the app image's start-up chunks), then reads the
+/// whole checkpoint through a mount of it (so it holds all of the checkpoint).
 struct Peers {
     token: PathBuf,
+    node_a: TesseraNode,
     scheduler: SchedulerProcess,
-    holder: AgentProcess,
 }
 
 impl Peers {
@@ -750,22 +710,14 @@ impl Peers {
             bed.work.path().join("scheduler.log"),
             &admin_args(&token, &state),
         );
-        // No FUSE passthrough on the node that dumps: a file the app mapped through
-        // passthrough is, to CRIU, on the lazy mount under the overlay, which is not
-        // in the chrooted app's mount table ("Can't lookup mount=N for fd=-3").
-        let holder = peer_agent(
-            bed,
-            &scheduler,
-            &bed.holder_host,
-            &bed.dir("node-a"),
-            "a",
-            &["--passthrough", "false"],
-        );
-        wait_registered(&holder);
+        let args = peer_args(&scheduler, &bed.holder_host, "a");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let node_a = TesseraNode::start(bed, &bed.holder_host, &bed.dir("node-a"), &args);
+        wait_registered(&node_a.agent);
         Peers {
             token,
+            node_a,
             scheduler,
-            holder,
         }
     }
 
@@ -773,9 +725,10 @@ impl Peers {
     /// scheduler knows a host holding it whole.
     fn hold(&self, bed: &Bed, checkpoint: &str) {
         let mnt = bed.dir("node-a-checkpoint");
-        self.holder.ok(&["mount", checkpoint, s(&mnt)]);
+        let agent = &self.node_a.agent;
+        agent.ok(&["mount", checkpoint, s(&mnt)]);
         read_tree(&mnt);
-        self.holder.ok(&["umount", s(&mnt)]);
+        agent.ok(&["umount", s(&mnt)]);
         wait_image_complete(Duration::from_secs(60), || self.admin(&["images"]));
     }
 
@@ -812,109 +765,66 @@ fn read_tree(dir: &Path) {
     assert!(child.wait().unwrap().success(), "tar of {}", dir.display());
 }
 
-/// An agent in the swarm on `host`, as the lazy-start benchmark's peer row starts them.
-fn peer_agent(
-    bed: &Bed,
-    scheduler: &SchedulerProcess,
-    host: &NetHost,
-    dir: &Path,
-    id: &str,
-    extra: &[&str],
-) -> AgentProcess {
-    let peer_listen = format!("{}:7081", host.ip);
-    let args = [
-        "--config",
-        s(&bed.config),
+/// An agent's flags for the swarm of `scheduler`, as the lazy-start benchmark's peer
+/// row starts them.
+fn peer_args(scheduler: &SchedulerProcess, host: &NetHost, id: &str) -> Vec<String> {
+    [
         "--prefetch",
         "none",
         "--scheduler",
         &scheduler.url,
         "--peer-listen",
-        &peer_listen,
+        &format!("{}:7081", host.ip),
         "--host-id",
         id,
         "--zone",
         "z1",
-    ];
-    AgentProcess::start_in(dir, host, &[&args[..], extra].concat())
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
-/// Rows 4 and 5: a new agent on the cold node (in the swarm with node A for row 5)
-/// mounts the app image and `tessera restore --for` restores its newest checkpoint
-/// into a process on it; first answer.
+/// Rows 4 and 5: on the cold node, a new agent (in the swarm with node A for row 5)
+/// and containerd on its snapshotter; `tessera run` restores the app image's newest
+/// checkpoint into a new container; first answer.
 fn tessera_restore(bed: &Bed, peers: Option<&Peers>, expected: &str, rep: usize) -> Timing {
+    let label = if peers.is_some() {
+        TESSERA_PEER
+    } else {
+        TESSERA_COLD
+    };
     let name = if peers.is_some() { "peer" } else { "cold" };
     let dir = bed.dir(&format!("tessera-{name}-{rep}"));
-    let agent = match peers {
-        Some(p) => {
-            let agent = peer_agent(
-                bed,
-                &p.scheduler,
-                &bed.node,
-                &dir.join("agent"),
-                &format!("b{rep}"),
-                &[],
-            );
-            wait_registered(&agent);
-            agent
-        }
-        None => {
-            AgentProcess::start_in(&dir.join("agent"), &bed.node, &["--config", s(&bed.config)])
-        }
-    };
-    let app = bed.reference(CONVERTED);
+    let swarm = peers.map(|p| peer_args(&p.scheduler, &bed.node, &format!("b{rep}")));
+    let args: Vec<&str> = swarm.iter().flatten().map(String::as_str).collect();
+    let node = TesseraNode::start(bed, &bed.node, &dir, &args);
+    if peers.is_some() {
+        wait_registered(&node.agent);
+    }
     let mark = Mark::new(bed);
     let t = Instant::now();
-    let root = AppRoot::mount(bed, &agent, CONVERTED, &dir);
+    let run = node.run(bed, &bed.node, CONVERTED, "app");
     let fetch = t.elapsed().as_secs_f64();
-    let restored = bed.tessera_json(
-        &bed.node,
-        &[
-            "restore",
-            "--criu",
-            s(&bed.criu),
-            "--for",
-            &app,
-            "--socket",
-            s(&agent.socket),
-            "--work-dir",
-            s(&dir),
-        ],
+    assert_eq!(
+        run["outcome"]["how"], "restored",
+        "{label}: tessera run did not restore: {run}"
     );
-    let tree = Tree {
-        pid: u32::try_from(restored["pid"].as_u64().unwrap()).unwrap(),
-    };
-    wait_correct(
-        bed.node.ip,
-        expected,
-        if peers.is_some() {
-            TESSERA_PEER
-        } else {
-            TESSERA_COLD
-        },
-    );
+    wait_correct(bed.node.ip, expected, label);
     let total = t.elapsed().as_secs_f64();
     let mut timing = mark.timing(bed, fetch, total - fetch);
-    let pull = pull_of(&agent, &root.lower);
-    timing.peer = Some(
-        restored["peer_bytes"].as_u64().unwrap_or(0) + pull["peer_bytes"].as_u64().unwrap_or(0),
-    );
-    drop(tree);
-    drop(root);
-    drop(agent);
+    timing.peer = Some(run["peer_bytes"].as_u64().unwrap_or(0) + node.peer_bytes());
+    drop(node);
+    discard(&dir);
     timing
 }
 
-/// The pull summary of `agent`'s mount at `mnt` (`tessera status --json`).
-fn pull_of(agent: &AgentProcess, mnt: &Path) -> Value {
-    let status = agent.status();
-    status["mounts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|m| m["mountpoint"].as_str() == Some(s(mnt)))
-        .map(|m| m["pull"].clone())
-        .unwrap_or(Value::Null)
+/// Removes a repetition's directory once its daemons are gone: unpacked images and
+/// caches of every row would otherwise fill the disk before the run ends (and an agent
+/// on a disk above its high watermark evicts what it holds).
+fn discard(dir: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        eprintln!("restore bench: could not remove {}: {e}", dir.display());
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -1005,8 +915,6 @@ fn main() {
     // runc (started by containerd's shim) finds CRIU on PATH.
     let path = format!("{}:{}", criu_dir.display(), env("PATH", "/usr/bin:/bin"));
     std::env::set_var("PATH", path);
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
-        .expect("become the child subreaper");
     let (layout, description, unpacked) = app_layout();
 
     let bed = Bed::new();
@@ -1018,10 +926,10 @@ fn main() {
     // Set-up, the link uncapped: node A boots v1 and checkpoints it, then v2 against
     // v1's checkpoint; containerd checkpoints its own container.
     let peers = Peers::start(&bed);
-    let (v1, expected, setup_boot) = boot_and_checkpoint(&bed, &peers.holder, CONVERTED, &[]);
+    let (v1, expected, setup_boot) = boot_and_checkpoint(&bed, &peers, CONVERTED, &[]);
     let (v2, _, _) = boot_and_checkpoint(
         &bed,
-        &peers.holder,
+        &peers,
         CONVERTED_V2,
         &["--chunk-dict", v1.reference()],
     );
@@ -1103,9 +1011,10 @@ struct Results<'a> {
 
 /// How rows 4 and 5 restore, in words for the report.
 const TESSERA_PATH: &str =
-    "process-level: `tessera checkpoint --pid --for` / `tessera restore --for` \
-     of the app run with chroot in an overlay over the agent's lazy mount of the app image \
-     (main has no containerd path for tessera checkpoint/restore yet)";
+    "containerd: `tessera checkpoint --container` on node A (containerd's task \
+     API, runc drives CRIU), `tessera run` on the restoring node (the image's newest checkpoint \
+     restored by runc from the agent's lazy mount into a new container whose rootfs is the \
+     image's lazy mount through the Tessera snapshotter)";
 
 impl Results<'_> {
     fn row(&self, label: &str) -> &Row {
@@ -1234,7 +1143,7 @@ impl Results<'_> {
             "rows": rows,
             "baseline": COLD_BOOT,
             "headline": self.headline(),
-            "tessera_path": "process",
+            "tessera_path": "containerd",
             "tessera_path_note": TESSERA_PATH,
             "not_built": ["working-set prefetch"],
             "checkpoint": {

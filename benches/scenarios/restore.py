@@ -97,8 +97,9 @@ def render(r, plot_dir=None):
             f"{mib(row['registry_bytes'])} | {row.get('origin_requests', 0):.0f} | {peers} |")
     lines += [
         "",
-        "Fetch: the pull, or the mount of the app image; start: from then to the first "
-        "correct answer (`ctr run` and the boot, or the restore). vs cold boot: the cold "
+        "Fetch: the pull (the ctr rows), or the whole `tessera run` (the Tessera rows: its "
+        "pull through the snapshotter, the lazy mounts, runc's restore); start: from then to "
+        "the first correct answer (`ctr run` and the boot, or the restore). vs cold boot: the cold "
         "boot's time / this time. Registry sent: the registry's interface counter; from "
         "peers: chunk bytes (uncompressed) node B got from node A. containerd's restore "
         "fetches its checkpoint with `ctr content fetch` (`ctr image pull` fetches it too, "
