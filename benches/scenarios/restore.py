@@ -67,6 +67,34 @@ def check(r):
     return problems
 
 
+def link_seconds(nbytes, cap):
+    """Seconds a link of `cap` (`200mbit`, `1gbit`, `800kbit`) needs for `nbytes`, or None."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if cap.endswith(unit):
+            try:
+                return nbytes * 8 / (float(cap[: -len(unit)]) * scale)
+            except ValueError:
+                return None
+    return None
+
+
+def render_link(r, rows):
+    """What the capped link allows: the cold restore's bytes at the link's speed."""
+    cold, boot = rows.get(TESSERA_COLD), rows.get(COLD_BOOT)
+    if not (cold and boot):
+        return []
+    link = link_seconds(cold["registry_bytes"], r["registry_cap"])
+    if not link:
+        return []
+    return ["", f"Where the cold restore's time goes: the registry sent {mib(cold['registry_bytes'])} "
+                f"for it (the checkpoint's chunks CRIU read and the rootfs's start-up files), "
+                f"{link:.2f} s at {r['registry_cap']} of its {cold['total_seconds']:.2f} s; with "
+                f"those bytes a cold restore can answer at most "
+                f"{boot['total_seconds'] / max(link, 1e-9):.1f}x sooner than the cold boot, "
+                f"whatever else it does."]
+
+
 def render(r, plot_dir=None):
     rows = {row["method"]: row for row in r["rows"]}
     tessera, ctr = r["checkpoint"]["tessera"], r["checkpoint"]["containerd"]
@@ -132,6 +160,7 @@ def render(r, plot_dir=None):
                   f"{mib(v2['reused_bytes'])} already in the registry; {v2['dict_chunks']} of its "
                   f"{v2['unique_chunks']} chunks are v1's (v1 alone uploaded "
                   f"{mib(dedup['v1']['pushed_bytes'])})."]
+    lines += render_link(r, rows)
     lines += ["", "| target | measured | limit | verdict |", "|---|---:|---:|---|"]
     for t in r["targets"]:
         lines.append(f"| {t['target']} | {t['measured']:.2f}x | {t['limit']:.0f}x | "
