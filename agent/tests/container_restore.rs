@@ -9,7 +9,9 @@
 //! chunks are corrupt in the registry, and when the checkpoint asked for records
 //! another CRIU; and restores when it can. On node B, with A holding the chunks, the
 //! clone is restored from peers: it answers with the checkpointed state and counter,
-//! under its own hostname, and node B's traffic to the origin is near zero.
+//! under its own hostname, and node B's traffic to the origin is near zero. Last, a
+//! release's checkpoint is made as CI makes it (`tessera checkpoint --boot IMAGE
+//! --ready http://…`), and node B's next `tessera run` restores that one.
 //!
 //! Needs CRIU 4.2.1 at target/tools/criu/criu (`make criu-deps`), containerd and runc,
 //! python3 (its interpreter and standard library become the image), fuse3,
@@ -467,6 +469,60 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         .is_some_and(|m| !m.is_empty()));
     b.remove("web-b");
     a.remove("web-a");
+
+    // A release's checkpoint as CI makes it: boot, wait until ready, checkpoint, push.
+    let out = tessera()
+        .args([
+            "checkpoint",
+            "--json",
+            "--config",
+            s(&config),
+            "--criu",
+            s(&criu),
+        ])
+        .args(["--boot", &app, "--ready"])
+        .arg(format!("http://{}:{PORT}/", a.host.ip))
+        .args(["--ready-timeout", "60"])
+        .args([
+            "--address",
+            s(&a.containerd.socket),
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(["--state-dir", s(&a.dir.join("run"))])
+        .env("TESSERA_CONFIG", "/dev/null")
+        .env("DOCKER_CONFIG", work.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "checkpoint --boot: {}
+{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.containerd.log()
+    );
+    let release: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let release_ref = release["checkpoint"]["reference"].as_str().unwrap();
+    assert_eq!(release["boot"]["outcome"]["how"], "booted", "{release}");
+    assert!(
+        release["checkpoint"]["chunk_dict"].as_str() == Some(checkpoint_ref.as_str()),
+        "built against the image's previous checkpoint: {release}"
+    );
+    assert!(
+        a.containerd
+            .ctr_ok(&["container", "ls", "-q"])
+            .trim()
+            .is_empty(),
+        "the booted container is removed"
+    );
+    // Now the image's newest: B restores it, the probe's request already counted.
+    let clone = b.run_ok(&config, &[&app, "web-b2"]);
+    assert_eq!(clone["outcome"]["how"], "restored", "{clone}");
+    assert_eq!(clone["outcome"]["checkpoint"], release_ref);
+    let (count, _, hostname) = wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the release's clone never answered\n{}", b.containerd.log()));
+    assert_eq!((count, hostname.as_str()), (2, "web-b2"));
+    b.remove("web-b2");
     for log in [a.agent.log(), b.agent.log(), scheduler.log_text()] {
         assert!(!log.contains("panicked at"), "{log}");
     }

@@ -31,6 +31,8 @@ use serde_json::json;
 pub mod app;
 pub mod criu;
 pub mod node;
+pub mod ready;
+pub mod release;
 pub mod run;
 
 pub use app::{checkpoints_of, ARTIFACT_TYPE};
