@@ -395,6 +395,17 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         "a referrer of the app image: {checkpoint}"
     );
     let checkpoint_ref = checkpoint["reference"].as_str().unwrap().to_string();
+    // The container's spec (command line, environment) is in the checkpoint's tree,
+    // not in its metadata.
+    let manifest = block_on(client.manifest(&Reference::parse(&checkpoint_ref).unwrap())).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
+    let config_digest = manifest["config"]["digest"].as_str().unwrap();
+    let image_config = std::fs::read_to_string(registry.blob_path(config_digest)).unwrap();
+    assert!(image_config.contains("\"kind\":\"container\""), "{image_config}");
+    assert!(
+        !image_config.contains("serve.py") && !image_config.contains("\"spec\""),
+        "{image_config}"
+    );
     assert!(
         wait_for_answer(&a.host.ip.to_string(), Duration::from_millis(300)).is_none(),
         "the checkpointed server stopped"
@@ -403,8 +414,6 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     drop(idle);
 
     // Its chunks corrupt in the registry: the restore fails and the container boots.
-    let manifest = block_on(client.manifest(&Reference::parse(&checkpoint_ref).unwrap())).unwrap();
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
     let data_blob = manifest["layers"][0]["digest"]
         .as_str()
         .unwrap()

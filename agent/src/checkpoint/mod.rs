@@ -58,6 +58,9 @@ pub const PID_ANNOTATION: &str = "io.tessera.checkpoint.pid";
 /// The dumped tree's root process name (`/proc/PID/comm`; never its command line,
 /// which may carry secrets).
 pub const PROCESS_ANNOTATION: &str = "io.tessera.checkpoint.process";
+/// A container checkpoint's record of the container (its image, runtime and OCI
+/// spec: [`ContainerRecord`]), beside CRIU's images in the checkpoint's tree.
+pub const CONTAINER_FILE: &str = "tessera-container.json";
 /// What was dumped: [`Kind`] (`process` when absent: the checkpoints made before
 /// containers could be).
 pub const KIND_ANNOTATION: &str = "io.tessera.checkpoint.kind";
@@ -322,6 +325,14 @@ pub async fn checkpoint(
             progress.set_phase(format!("checkpoint container {}", record.id));
             c.checkpoint_task(&record.id, &images, &criu_work, !opts.leave_running)
                 .await?;
+            // Beside CRIU's images, not in the metadata: the spec holds the command
+            // line and environment.
+            let file = images.join(CONTAINER_FILE);
+            let bytes = serde_json::to_vec_pretty(record).map_err(|e| Error::Criu {
+                action: "dump".into(),
+                reason: format!("serialise container {}'s record: {e}", record.id),
+            })?;
+            std::fs::write(&file, bytes).map_err(|e| Error::io("write", &file, e))?;
         }
     }
     let dump_seconds = t.elapsed().as_secs_f64();
@@ -582,7 +593,10 @@ fn image_config(
             "pid": pid,
             "process": process,
             "kind": if container.is_some() { Kind::Container } else { Kind::Process },
-            "container": container,
+            // The spec (command line, environment) is in the tree, not here.
+            "container": container.map(|c| json!({
+                "id": c.id, "image": c.image, "runtime": c.runtime, "file": CONTAINER_FILE,
+            })),
             "left_running": opts.leave_running,
             "dumped_bytes": dumped_bytes,
             "criu_extra_args": opts.criu.extra_args,

@@ -20,7 +20,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::node::{self, NodeInfo};
-use super::{check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind};
+use super::{
+    check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind, CONTAINER_FILE,
+};
 use crate::api::{self, Request};
 use crate::containerd::spec;
 use crate::containerd::tasks::{ContainerRecord, Start, RUNC_V2};
@@ -215,7 +217,7 @@ pub async fn run(
     let why_boot = match chosen {
         Ok(chosen) => {
             let name = chosen.name.clone();
-            match base.restore(client, chosen).await {
+            match base.restore(chosen).await {
                 Ok((pid, outcome, read)) => {
                     return Ok(base.summary(&app_image, pid, outcome, read, started));
                 }
@@ -315,40 +317,7 @@ struct Base<'a> {
 
 impl Base<'_> {
     /// Restores `chosen` into a new container; on failure nothing of it is left.
-    async fn restore(
-        &self,
-        client: &RegistryClient,
-        chosen: Chosen,
-    ) -> Result<(u32, Outcome, Read)> {
-        let config = image::fetch_config(client, &chosen.image).await?;
-        let record = recorded_container(&chosen.name, &config)?;
-        let mut spec = record.spec.clone();
-        spec::set_hostname(&mut spec, self.hostname);
-        spec["linux"]["cgroupsPath"] = serde_json::json!(format!(
-            "/{}/{}",
-            self.opts.containerd.namespace, self.opts.id
-        ));
-        let criu_config = self.dir.join("criu.conf");
-        std::fs::write(&criu_config, CRIU_RESTORE_CONFIG)
-            .map_err(|e| Error::io("write", &criu_config, e))?;
-        spec::annotate(
-            &mut spec,
-            CRIU_CONFIG_ANNOTATION,
-            &criu_config.display().to_string(),
-        );
-        let container = ContainerRecord {
-            id: self.opts.id.clone(),
-            image: self.image_name.to_string(),
-            runtime: if record.runtime.is_empty() {
-                RUNC_V2.into()
-            } else {
-                record.runtime.clone()
-            },
-            spec,
-            snapshotter: self.opts.snapshotter.clone(),
-            snapshot_key: self.opts.id.clone(),
-        };
-
+    async fn restore(&self, chosen: Chosen) -> Result<(u32, Outcome, Read)> {
         let mountpoint = self.dir.join("checkpoint");
         let work = self.dir.join("criu");
         for d in [&mountpoint, &work] {
@@ -365,27 +334,7 @@ impl Base<'_> {
             },
         )
         .await?;
-        let restored = async {
-            self.create(&container).await?;
-            let rootfs = self
-                .c
-                .prepare_rootfs(&self.opts.snapshotter, &self.opts.id, self.parent)
-                .await?;
-            let start = Start::Restore {
-                images: &mountpoint,
-                work: &work,
-            };
-            let criu = runc_criu(&self.opts.criu.path);
-            let pid = self
-                .c
-                .start_task(&self.opts.id, rootfs, start, self.log, criu.as_deref())
-                .await?;
-            if spec::has_own_uts_namespace(&container.spec) {
-                set_hostname(pid, self.hostname)?;
-            }
-            Ok::<_, Error>(pid)
-        }
-        .await;
+        let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
         // The restored tree runs from memory now; the mount is not needed whatever
         // happened.
         let unmounted = api::call(
@@ -418,6 +367,61 @@ impl Base<'_> {
             notes: chosen.notes,
         };
         Ok((pid, outcome, read))
+    }
+
+    /// Restores the container recorded in checkpoint `name`, mounted at `mountpoint`,
+    /// CRIU's logs in `work`: its task's pid.
+    async fn restore_from(&self, name: &str, mountpoint: &Path, work: &Path) -> Result<u32> {
+        let file = mountpoint.join(CONTAINER_FILE);
+        let bytes = tokio::fs::read(&file)
+            .await
+            .map_err(|e| Error::io("read", &file, e))?;
+        let record = recorded_container(name, &bytes)?;
+        let mut spec = record.spec.clone();
+        spec::set_hostname(&mut spec, self.hostname);
+        spec["linux"]["cgroupsPath"] = serde_json::json!(format!(
+            "/{}/{}",
+            self.opts.containerd.namespace, self.opts.id
+        ));
+        let criu_config = self.dir.join("criu.conf");
+        std::fs::write(&criu_config, CRIU_RESTORE_CONFIG)
+            .map_err(|e| Error::io("write", &criu_config, e))?;
+        spec::annotate(
+            &mut spec,
+            CRIU_CONFIG_ANNOTATION,
+            &criu_config.display().to_string(),
+        );
+        let container = ContainerRecord {
+            id: self.opts.id.clone(),
+            image: self.image_name.to_string(),
+            runtime: if record.runtime.is_empty() {
+                RUNC_V2.into()
+            } else {
+                record.runtime.clone()
+            },
+            spec,
+            snapshotter: self.opts.snapshotter.clone(),
+            snapshot_key: self.opts.id.clone(),
+        };
+
+        self.create(&container).await?;
+        let rootfs = self
+            .c
+            .prepare_rootfs(&self.opts.snapshotter, &self.opts.id, self.parent)
+            .await?;
+        let start = Start::Restore {
+            images: mountpoint,
+            work,
+        };
+        let criu = runc_criu(&self.opts.criu.path);
+        let pid = self
+            .c
+            .start_task(&self.opts.id, rootfs, start, self.log, criu.as_deref())
+            .await?;
+        if spec::has_own_uts_namespace(&container.spec) {
+            set_hostname(pid, self.hostname)?;
+        }
+        Ok(pid)
     }
 
     /// Boots a new container from `app`'s config.
@@ -503,19 +507,11 @@ impl Base<'_> {
     }
 }
 
-/// The container record in checkpoint `name`'s image config.
-fn recorded_container(name: &str, config: &[u8]) -> Result<ContainerRecord> {
-    let incompatible = |reason: String| Error::CheckpointIncompatible {
+/// The container record of checkpoint `name` (its [`CONTAINER_FILE`]'s bytes).
+fn recorded_container(name: &str, bytes: &[u8]) -> Result<ContainerRecord> {
+    serde_json::from_slice(bytes).map_err(|e| Error::CheckpointIncompatible {
         image: name.to_string(),
-        reason,
-    };
-    let config: serde_json::Value = serde_json::from_slice(config)
-        .map_err(|e| incompatible(format!("its image config is not JSON: {e}")))?;
-    let record = config["io.tessera.checkpoint"]["container"].clone();
-    serde_json::from_value(record).map_err(|e| {
-        incompatible(format!(
-            "its image config has no container record (io.tessera.checkpoint.container: {e})"
-        ))
+        reason: format!("its {CONTAINER_FILE} is not a container record: {e}"),
     })
 }
 
@@ -562,15 +558,14 @@ mod tests {
 
     #[test]
     fn a_checkpoint_without_a_container_record_is_incompatible() {
-        let e = recorded_container("ck", br#"{"io.tessera.checkpoint":{"pid":1}}"#).unwrap_err();
+        let e = recorded_container("ck", br#"{"pid":1}"#).unwrap_err();
         assert!(
             matches!(&e, Error::CheckpointIncompatible { image, .. } if image == "ck"),
             "{e:?}"
         );
-        assert!(e.to_string().contains("no container record"), "{e}");
-        let ok = br#"{"io.tessera.checkpoint":{"container":{"id":"a","image":"r/i:1",
-            "runtime":"io.containerd.runc.v2","spec":{"hostname":"a"},
-            "snapshotter":"tessera","snapshot_key":"a"}}}"#;
+        assert!(e.to_string().contains("not a container record"), "{e}");
+        let ok = br#"{"id":"a","image":"r/i:1","runtime":"io.containerd.runc.v2",
+            "spec":{"hostname":"a"},"snapshotter":"tessera","snapshot_key":"a"}"#;
         let record = recorded_container("ck", ok).unwrap();
         assert_eq!(record.spec["hostname"], "a");
     }
