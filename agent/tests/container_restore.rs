@@ -469,8 +469,11 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     );
     eprintln!(
         "node B restored from peers: {read} checkpoint bytes read, {from_peers} from peers, \
-         {origin_b} blob bytes from the origin (rootfs included) in {:.2} s",
-        clone["seconds"].as_f64().unwrap()
+         {origin_b} blob bytes from the origin (rootfs included) in {:.2} s (mount {:.2} s, \
+         restore {:.2} s)",
+        clone["seconds"].as_f64().unwrap(),
+        clone["mount_seconds"].as_f64().unwrap(),
+        clone["restore_seconds"].as_f64().unwrap()
     );
     // The agent on B served the rootfs lazily too: no layer was downloaded by containerd.
     assert!(b.agent.status()["mounts"]

@@ -345,6 +345,7 @@ pub async fn checkpoint(
         let t = Instant::now();
         let mut build_opts = opts.build.clone();
         build_opts.progress = Some(progress.build.clone());
+        build_opts.prefetch = restore_order(&images)?;
         build_opts.chunk_dict = dict.as_ref().map(|(_, dir)| ChunkDict {
             image_dir: dir.clone(),
             link_blobs: false,
@@ -545,6 +546,21 @@ fn keep_dump(pid: u32, images: &Path, cause: Error) -> Error {
             cause
         }
     }
+}
+
+/// The checkpoint's prefetch list: every file of the dump (`dir`), in the order a
+/// restore reads them — CRIU's small images first (the process tree, cores, memory
+/// maps, files), then the page data, the bulk. A restore's mount prefetches them so.
+fn restore_order(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))? {
+        let entry = entry.map_err(|e| Error::io("read", dir, e))?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort_by_key(|n| (n.starts_with("pages-"), n.clone()));
+    Ok(names.into_iter().map(|n| format!("/{n}")).collect())
 }
 
 /// Regular files under `dir` (CRIU's images are flat) and their bytes.

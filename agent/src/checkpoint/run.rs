@@ -24,6 +24,7 @@ use super::{
     check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind, CONTAINER_FILE,
 };
 use crate::api::{self, Request};
+use crate::config::Prefetch;
 use crate::containerd::spec;
 use crate::containerd::tasks::{ContainerRecord, Start, RUNC_V2};
 use crate::containerd::Containerd;
@@ -70,6 +71,10 @@ pub struct RunOptions {
     pub state_dir: PathBuf,
     /// The container's output [default: `<state_dir>/<namespace>-<id>/output.log`].
     pub log: Option<PathBuf>,
+    /// How the agent prefetches the checkpoint's mount: CRIU reads every one of its
+    /// files, in the order of the checkpoint's prefetch list, so `All` (the list, then
+    /// the rest) fetches what CRIU will read, many chunks at once, ahead of it.
+    pub prefetch: Prefetch,
 }
 
 /// How the container started.
@@ -106,6 +111,10 @@ pub struct RunSummary {
     pub checkpoint_bytes_read: u64,
     pub origin_wire_bytes: u64,
     pub peer_bytes: u64,
+    /// A restore's mount of the checkpoint, and the container's restore (the task
+    /// created and started: runc's CRIU reading the mount).
+    pub mount_seconds: f64,
+    pub restore_seconds: f64,
     /// The container's output.
     pub log: PathBuf,
     pub seconds: f64,
@@ -150,7 +159,15 @@ impl std::fmt::Display for RunSummary {
             }
         }
         writeln!(f, "  output     {}", self.log.display())?;
-        writeln!(f, "  time       {:.2} s", self.seconds)
+        if matches!(self.outcome, Outcome::Restored { .. }) {
+            writeln!(
+                f,
+                "  time       {:.2} s (mount {:.2} s, restore {:.2} s)",
+                self.seconds, self.mount_seconds, self.restore_seconds
+            )
+        } else {
+            writeln!(f, "  time       {:.2} s", self.seconds)
+        }
     }
 }
 
@@ -293,12 +310,15 @@ async fn choose(client: &RegistryClient, app: &PlatformImage, opts: &RunOptions)
     Err(no_usable(rejected))
 }
 
-/// What the checkpoint's lazy mount read and fetched.
+/// What the checkpoint's lazy mount read and fetched, and how long the mount and the
+/// restore took.
 #[derive(Debug, Default, Clone, Copy)]
 struct Read {
     bytes: u64,
     origin_wire: u64,
     peer: u64,
+    mount_seconds: f64,
+    restore_seconds: f64,
 }
 
 /// What a restore and a boot share.
@@ -318,6 +338,7 @@ struct Base<'a> {
 impl Base<'_> {
     /// Restores `chosen` into a new container; on failure nothing of it is left.
     async fn restore(&self, chosen: Chosen) -> Result<(u32, Outcome, Read)> {
+        let t = Instant::now();
         let mountpoint = self.dir.join("checkpoint");
         let work = self.dir.join("criu");
         for d in [&mountpoint, &work] {
@@ -330,11 +351,14 @@ impl Base<'_> {
                 mountpoint: mountpoint.clone(),
                 record: None,
                 platform: None,
-                prefetch: None,
+                prefetch: Some(self.opts.prefetch),
             },
         )
         .await?;
+        let mount_seconds = t.elapsed().as_secs_f64();
+        let t = Instant::now();
         let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
+        let restore_seconds = t.elapsed().as_secs_f64();
         // The restored tree runs from memory now; the mount is not needed whatever
         // happened.
         let unmounted = api::call(
@@ -360,6 +384,8 @@ impl Base<'_> {
             bytes: number(&status["bytes_read"]),
             origin_wire: number(&status["pull"]["origin_wire_bytes"]),
             peer: number(&status["pull"]["peer_bytes"]),
+            mount_seconds,
+            restore_seconds,
         };
         let outcome = Outcome::Restored {
             checkpoint: chosen.name,
@@ -501,6 +527,8 @@ impl Base<'_> {
             checkpoint_bytes_read: read.bytes,
             origin_wire_bytes: read.origin_wire,
             peer_bytes: read.peer,
+            mount_seconds: read.mount_seconds,
+            restore_seconds: read.restore_seconds,
             log: self.log.to_path_buf(),
             seconds: started.elapsed().as_secs_f64(),
         }

@@ -16,7 +16,7 @@ use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions};
 use tessera_agent::checkpoint::{
     self, CheckpointOptions, ContainerdAt, Criu, DictChoice, RestoreOptions, Source,
 };
-use tessera_agent::config::DEFAULT_SOCKET;
+use tessera_agent::config::{Prefetch, DEFAULT_SOCKET};
 use tessera_agent::containerd::SNAPSHOTTER;
 use tessera_agent::convert::ConvertProgress;
 use tessera_agent::registry::client::Credential;
@@ -237,6 +237,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             platform: Platform::host(),
             state_dir: absolute(&args.state_dir),
             log: None,
+            prefetch: Prefetch::None,
         };
         let ready = Readiness {
             probe: probe.clone(),
@@ -352,6 +353,11 @@ pub struct RunArgs {
     /// The container's output (appended) [default: in --state-dir].
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
+    /// How the agent prefetches a checkpoint it mounts: `all` fetches every chunk
+    /// ahead of CRIU (which reads them all), many at once; `none` only what CRIU reads,
+    /// as it reads.
+    #[arg(long, value_enum, default_value = "all")]
+    prefetch: RestorePrefetch,
     /// Registry credentials, `USER:PASSWORD` (else the credentials file); the agent
     /// uses its own for the mounts.
     #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
@@ -386,11 +392,22 @@ pub fn run(args: RunArgs) -> Result<()> {
         platform: Platform::host(),
         state_dir: absolute(&args.state_dir),
         log: args.log.as_ref().map(absolute),
+        prefetch: match args.prefetch {
+            RestorePrefetch::All => Prefetch::All,
+            RestorePrefetch::None => Prefetch::None,
+        },
     };
     let summary = runtime()?
         .block_on(checkpoint::run::run(&client, &args.image, &opts))
         .with_context(|| format!("run {} as container {}", args.image, args.id))?;
     print_summary(&summary, args.json)
+}
+
+/// `tessera run --prefetch`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RestorePrefetch {
+    All,
+    None,
 }
 
 fn scratch(dir: &Option<PathBuf>) -> Result<tempfile::TempDir> {
