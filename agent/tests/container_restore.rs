@@ -401,7 +401,10 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     let manifest: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
     let config_digest = manifest["config"]["digest"].as_str().unwrap();
     let image_config = std::fs::read_to_string(registry.blob_path(config_digest)).unwrap();
-    assert!(image_config.contains("\"kind\":\"container\""), "{image_config}");
+    assert!(
+        image_config.contains("\"kind\":\"container\""),
+        "{image_config}"
+    );
     assert!(
         !image_config.contains("serve.py") && !image_config.contains("\"spec\""),
         "{image_config}"
@@ -535,6 +538,26 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         .unwrap_or_else(|| panic!("the release's clone never answered\n{}", b.containerd.log()));
     assert_eq!((count, hostname.as_str()), (2, "web-b2"));
     b.remove("web-b2");
+
+    // With CRIU's lazy pages: the memory arrives through `criu lazy-pages` reading the
+    // mount (userfaultfd) while the clone already runs; `tessera run` returns once the
+    // last page is in, and the clone's state is whole.
+    let lazy = b.run_ok(&config, &[&app, "web-b3", "--lazy-pages"]);
+    assert_eq!(lazy["outcome"]["how"], "restored", "{lazy}");
+    assert_eq!(lazy["lazy_pages"], true, "{lazy}");
+    let (count, digest, hostname) =
+        wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("the lazy clone never answered\n{}", b.containerd.log()));
+    assert_eq!((count, hostname.as_str()), (2, "web-b3"));
+    let (_, release_digest, _) =
+        wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10)).unwrap();
+    assert_eq!(digest, release_digest, "the state is whole");
+    eprintln!(
+        "lazy pages on node B: restore {:.2} s, every page in after {:.2} s",
+        lazy["restore_seconds"].as_f64().unwrap(),
+        lazy["pages_seconds"].as_f64().unwrap()
+    );
+    b.remove("web-b3");
     for log in [a.agent.log(), b.agent.log(), scheduler.log_text()] {
         assert!(!log.contains("panicked at"), "{log}");
     }

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::criu::LazyPages;
 use super::node::{self, NodeInfo};
 use super::{
     check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind, CONTAINER_FILE,
@@ -38,6 +39,10 @@ use crate::{Error, Result};
 const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 /// What that file says on a restore: established connections come back closed.
 const CRIU_RESTORE_CONFIG: &str = "tcp-close\n";
+/// And with lazy pages: the memory comes from `criu lazy-pages`.
+const CRIU_LAZY_CONFIG: &str = "lazy-pages\n";
+/// How long the lazy-pages daemon may take to send a restored tree all its memory.
+const LAZY_PAGES_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Which checkpoint `tessera run` restores.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +80,10 @@ pub struct RunOptions {
     /// files, in the order of the checkpoint's prefetch list, so `All` (the list, then
     /// the rest) fetches what CRIU will read, many chunks at once, ahead of it.
     pub prefetch: Prefetch,
+    /// CRIU's lazy pages: the restored process starts before its memory has arrived
+    /// (`criu lazy-pages` serves its page faults from the mount through userfaultfd
+    /// and sends the rest after), so the restore stops growing with the heap.
+    pub lazy_pages: bool,
 }
 
 /// How the container started.
@@ -115,6 +124,10 @@ pub struct RunSummary {
     /// created and started: runc's CRIU reading the mount).
     pub mount_seconds: f64,
     pub restore_seconds: f64,
+    /// With lazy pages (`lazy_pages`), from the restore's start until the last page of
+    /// memory had arrived (the app ran meanwhile).
+    pub lazy_pages: bool,
+    pub pages_seconds: Option<f64>,
     /// The container's output.
     pub log: PathBuf,
     pub seconds: f64,
@@ -319,6 +332,8 @@ struct Read {
     peer: u64,
     mount_seconds: f64,
     restore_seconds: f64,
+    /// With lazy pages: until the last page arrived.
+    pages_seconds: Option<f64>,
 }
 
 /// What a restore and a boot share.
@@ -359,6 +374,25 @@ impl Base<'_> {
         let t = Instant::now();
         let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
         let restore_seconds = t.elapsed().as_secs_f64();
+        // With lazy pages the memory is still arriving from the mount: it stays until
+        // the daemon has sent every page.
+        let (restored, pages_seconds) = match restored {
+            Ok((pid, Some(mut daemon))) => {
+                let waited = tokio::task::spawn_blocking(move || daemon.wait(LAZY_PAGES_LIMIT))
+                    .await
+                    .map_err(|e| Error::Criu {
+                        action: "lazy-pages".into(),
+                        reason: format!("waiting for it ended without finishing: {e}"),
+                    })
+                    .and_then(|r| r);
+                if let Err(e) = &waited {
+                    tracing::error!(error = %e, pid, "the restored container's lazy pages");
+                }
+                (waited.map(|()| pid), Some(t.elapsed().as_secs_f64()))
+            }
+            Ok((pid, None)) => (Ok(pid), None),
+            Err(e) => (Err(e), None),
+        };
         // The restored tree runs from memory now; the mount is not needed whatever
         // happened.
         let unmounted = api::call(
@@ -386,6 +420,7 @@ impl Base<'_> {
             peer: number(&status["pull"]["peer_bytes"]),
             mount_seconds,
             restore_seconds,
+            pages_seconds,
         };
         let outcome = Outcome::Restored {
             checkpoint: chosen.name,
@@ -396,8 +431,14 @@ impl Base<'_> {
     }
 
     /// Restores the container recorded in checkpoint `name`, mounted at `mountpoint`,
-    /// CRIU's logs in `work`: its task's pid.
-    async fn restore_from(&self, name: &str, mountpoint: &Path, work: &Path) -> Result<u32> {
+    /// CRIU's logs in `work`: its task's pid, and with lazy pages the daemon still
+    /// sending it memory.
+    async fn restore_from(
+        &self,
+        name: &str,
+        mountpoint: &Path,
+        work: &Path,
+    ) -> Result<(u32, Option<LazyPages>)> {
         let file = mountpoint.join(CONTAINER_FILE);
         let bytes = tokio::fs::read(&file)
             .await
@@ -410,8 +451,12 @@ impl Base<'_> {
             self.opts.containerd.namespace, self.opts.id
         ));
         let criu_config = self.dir.join("criu.conf");
-        std::fs::write(&criu_config, CRIU_RESTORE_CONFIG)
-            .map_err(|e| Error::io("write", &criu_config, e))?;
+        let config = if self.opts.lazy_pages {
+            format!("{CRIU_RESTORE_CONFIG}{CRIU_LAZY_CONFIG}")
+        } else {
+            CRIU_RESTORE_CONFIG.to_string()
+        };
+        std::fs::write(&criu_config, config).map_err(|e| Error::io("write", &criu_config, e))?;
         spec::annotate(
             &mut spec,
             CRIU_CONFIG_ANNOTATION,
@@ -440,6 +485,22 @@ impl Base<'_> {
             work,
         };
         let criu = runc_criu(&self.opts.criu.path);
+        let daemon = if self.opts.lazy_pages {
+            let (criu, images, work) = (
+                self.opts.criu.clone(),
+                mountpoint.to_path_buf(),
+                work.to_path_buf(),
+            );
+            let started = tokio::task::spawn_blocking(move || criu.lazy_pages(&images, &work))
+                .await
+                .map_err(|e| Error::Criu {
+                    action: "lazy-pages".into(),
+                    reason: format!("its start ended without finishing: {e}"),
+                })??;
+            Some(started)
+        } else {
+            None
+        };
         let pid = self
             .c
             .start_task(&self.opts.id, rootfs, start, self.log, criu.as_deref())
@@ -447,7 +508,7 @@ impl Base<'_> {
         if spec::has_own_uts_namespace(&container.spec) {
             set_hostname(pid, self.hostname)?;
         }
-        Ok(pid)
+        Ok((pid, daemon))
     }
 
     /// Boots a new container from `app`'s config.
@@ -529,6 +590,8 @@ impl Base<'_> {
             peer_bytes: read.peer,
             mount_seconds: read.mount_seconds,
             restore_seconds: read.restore_seconds,
+            lazy_pages: read.pages_seconds.is_some(),
+            pages_seconds: read.pages_seconds,
             log: self.log.to_path_buf(),
             seconds: started.elapsed().as_secs_f64(),
         }

@@ -238,6 +238,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             state_dir: absolute(&args.state_dir),
             log: None,
             prefetch: Prefetch::None,
+            lazy_pages: false,
         };
         let ready = Readiness {
             probe: probe.clone(),
@@ -358,6 +359,11 @@ pub struct RunArgs {
     /// as it reads.
     #[arg(long, value_enum, default_value = "all")]
     prefetch: RestorePrefetch,
+    /// CRIU's lazy pages (userfaultfd): the restored app runs before its memory has
+    /// arrived; `criu lazy-pages` serves its page faults from the checkpoint's mount
+    /// and sends the rest after (this command returns once it has).
+    #[arg(long)]
+    lazy_pages: bool,
     /// Registry credentials, `USER:PASSWORD` (else the credentials file); the agent
     /// uses its own for the mounts.
     #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
@@ -396,6 +402,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             RestorePrefetch::All => Prefetch::All,
             RestorePrefetch::None => Prefetch::None,
         },
+        lazy_pages: args.lazy_pages,
     };
     let summary = runtime()?
         .block_on(checkpoint::run::run(&client, &args.image, &opts))
