@@ -9,7 +9,9 @@
 //! chunks are corrupt in the registry, and when the checkpoint asked for records
 //! another CRIU; and restores when it can. On node B, with A holding the chunks, the
 //! clone is restored from peers: it answers with the checkpointed state and counter,
-//! under its own hostname, and node B's traffic to the origin is near zero.
+//! under its own hostname, and node B's traffic to the origin is near zero. Last, a
+//! release's checkpoint is made as CI makes it (`tessera checkpoint --boot IMAGE
+//! --ready http://…`), and node B's next `tessera run` restores that one.
 //!
 //! Needs CRIU 4.2.1 at target/tools/criu/criu (`make criu-deps`), containerd and runc,
 //! python3 (its interpreter and standard library become the image), fuse3,
@@ -393,6 +395,20 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         "a referrer of the app image: {checkpoint}"
     );
     let checkpoint_ref = checkpoint["reference"].as_str().unwrap().to_string();
+    // The container's spec (command line, environment) is in the checkpoint's tree,
+    // not in its metadata.
+    let manifest = block_on(client.manifest(&Reference::parse(&checkpoint_ref).unwrap())).unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
+    let config_digest = manifest["config"]["digest"].as_str().unwrap();
+    let image_config = std::fs::read_to_string(registry.blob_path(config_digest)).unwrap();
+    assert!(
+        image_config.contains("\"kind\":\"container\""),
+        "{image_config}"
+    );
+    assert!(
+        !image_config.contains("serve.py") && !image_config.contains("\"spec\""),
+        "{image_config}"
+    );
     assert!(
         wait_for_answer(&a.host.ip.to_string(), Duration::from_millis(300)).is_none(),
         "the checkpointed server stopped"
@@ -401,8 +417,6 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     drop(idle);
 
     // Its chunks corrupt in the registry: the restore fails and the container boots.
-    let manifest = block_on(client.manifest(&Reference::parse(&checkpoint_ref).unwrap())).unwrap();
-    let manifest: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
     let data_blob = manifest["layers"][0]["digest"]
         .as_str()
         .unwrap()
@@ -458,8 +472,11 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     );
     eprintln!(
         "node B restored from peers: {read} checkpoint bytes read, {from_peers} from peers, \
-         {origin_b} blob bytes from the origin (rootfs included) in {:.2} s",
-        clone["seconds"].as_f64().unwrap()
+         {origin_b} blob bytes from the origin (rootfs included) in {:.2} s (mount {:.2} s, \
+         restore {:.2} s)",
+        clone["seconds"].as_f64().unwrap(),
+        clone["mount_seconds"].as_f64().unwrap(),
+        clone["restore_seconds"].as_f64().unwrap()
     );
     // The agent on B served the rootfs lazily too: no layer was downloaded by containerd.
     assert!(b.agent.status()["mounts"]
@@ -467,6 +484,80 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         .is_some_and(|m| !m.is_empty()));
     b.remove("web-b");
     a.remove("web-a");
+
+    // A release's checkpoint as CI makes it: boot, wait until ready, checkpoint, push.
+    let out = tessera()
+        .args([
+            "checkpoint",
+            "--json",
+            "--config",
+            s(&config),
+            "--criu",
+            s(&criu),
+        ])
+        .args(["--boot", &app, "--ready"])
+        .arg(format!("http://{}:{PORT}/", a.host.ip))
+        .args(["--ready-timeout", "60"])
+        .args([
+            "--address",
+            s(&a.containerd.socket),
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(["--state-dir", s(&a.dir.join("run"))])
+        .env("TESSERA_CONFIG", "/dev/null")
+        .env("DOCKER_CONFIG", work.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "checkpoint --boot: {}
+{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.containerd.log()
+    );
+    let release: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let release_ref = release["checkpoint"]["reference"].as_str().unwrap();
+    assert_eq!(release["boot"]["outcome"]["how"], "booted", "{release}");
+    assert!(
+        release["checkpoint"]["chunk_dict"].as_str() == Some(checkpoint_ref.as_str()),
+        "built against the image's previous checkpoint: {release}"
+    );
+    assert!(
+        a.containerd
+            .ctr_ok(&["container", "ls", "-q"])
+            .trim()
+            .is_empty(),
+        "the booted container is removed"
+    );
+    // Now the image's newest: B restores it, the probe's request already counted.
+    let clone = b.run_ok(&config, &[&app, "web-b2"]);
+    assert_eq!(clone["outcome"]["how"], "restored", "{clone}");
+    assert_eq!(clone["outcome"]["checkpoint"], release_ref);
+    let (count, _, hostname) = wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("the release's clone never answered\n{}", b.containerd.log()));
+    assert_eq!((count, hostname.as_str()), (2, "web-b2"));
+    b.remove("web-b2");
+
+    // With CRIU's lazy pages: the memory arrives through `criu lazy-pages` reading the
+    // mount (userfaultfd) while the clone already runs; `tessera run` returns once the
+    // last page is in, and the clone's state is whole.
+    let lazy = b.run_ok(&config, &[&app, "web-b3", "--lazy-pages"]);
+    assert_eq!(lazy["outcome"]["how"], "restored", "{lazy}");
+    assert_eq!(lazy["lazy_pages"], true, "{lazy}");
+    let (count, digest, hostname) =
+        wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("the lazy clone never answered\n{}", b.containerd.log()));
+    assert_eq!((count, hostname.as_str()), (2, "web-b3"));
+    let (_, release_digest, _) =
+        wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10)).unwrap();
+    assert_eq!(digest, release_digest, "the state is whole");
+    eprintln!(
+        "lazy pages on node B: restore {:.2} s, every page in after {:.2} s",
+        lazy["restore_seconds"].as_f64().unwrap(),
+        lazy["pages_seconds"].as_f64().unwrap()
+    );
+    b.remove("web-b3");
     for log in [a.agent.log(), b.agent.log(), scheduler.log_text()] {
         assert!(!log.contains("panicked at"), "{log}");
     }

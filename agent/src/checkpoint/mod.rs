@@ -31,6 +31,8 @@ use serde_json::json;
 pub mod app;
 pub mod criu;
 pub mod node;
+pub mod ready;
+pub mod release;
 pub mod run;
 
 pub use app::{checkpoints_of, ARTIFACT_TYPE};
@@ -56,6 +58,9 @@ pub const PID_ANNOTATION: &str = "io.tessera.checkpoint.pid";
 /// The dumped tree's root process name (`/proc/PID/comm`; never its command line,
 /// which may carry secrets).
 pub const PROCESS_ANNOTATION: &str = "io.tessera.checkpoint.process";
+/// A container checkpoint's record of the container (its image, runtime and OCI
+/// spec: [`ContainerRecord`]), beside CRIU's images in the checkpoint's tree.
+pub const CONTAINER_FILE: &str = "tessera-container.json";
 /// What was dumped: [`Kind`] (`process` when absent: the checkpoints made before
 /// containers could be).
 pub const KIND_ANNOTATION: &str = "io.tessera.checkpoint.kind";
@@ -320,6 +325,14 @@ pub async fn checkpoint(
             progress.set_phase(format!("checkpoint container {}", record.id));
             c.checkpoint_task(&record.id, &images, &criu_work, !opts.leave_running)
                 .await?;
+            // Beside CRIU's images, not in the metadata: the spec holds the command
+            // line and environment.
+            let file = images.join(CONTAINER_FILE);
+            let bytes = serde_json::to_vec_pretty(record).map_err(|e| Error::Criu {
+                action: "dump".into(),
+                reason: format!("serialise container {}'s record: {e}", record.id),
+            })?;
+            std::fs::write(&file, bytes).map_err(|e| Error::io("write", &file, e))?;
         }
     }
     let dump_seconds = t.elapsed().as_secs_f64();
@@ -332,6 +345,7 @@ pub async fn checkpoint(
         let t = Instant::now();
         let mut build_opts = opts.build.clone();
         build_opts.progress = Some(progress.build.clone());
+        build_opts.prefetch = restore_order(&images)?;
         build_opts.chunk_dict = dict.as_ref().map(|(_, dir)| ChunkDict {
             image_dir: dir.clone(),
             link_blobs: false,
@@ -534,6 +548,21 @@ fn keep_dump(pid: u32, images: &Path, cause: Error) -> Error {
     }
 }
 
+/// The checkpoint's prefetch list: every file of the dump (`dir`), in the order a
+/// restore reads them — CRIU's small images first (the process tree, cores, memory
+/// maps, files), then the page data, the bulk. A restore's mount prefetches them so.
+fn restore_order(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))? {
+        let entry = entry.map_err(|e| Error::io("read", dir, e))?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort_by_key(|n| (n.starts_with("pages-"), n.clone()));
+    Ok(names.into_iter().map(|n| format!("/{n}")).collect())
+}
+
 /// Regular files under `dir` (CRIU's images are flat) and their bytes.
 fn dir_size(dir: &Path) -> Result<(u64, u64)> {
     let (mut files, mut bytes) = (0, 0);
@@ -580,7 +609,10 @@ fn image_config(
             "pid": pid,
             "process": process,
             "kind": if container.is_some() { Kind::Container } else { Kind::Process },
-            "container": container,
+            // The spec (command line, environment) is in the tree, not here.
+            "container": container.map(|c| json!({
+                "id": c.id, "image": c.image, "runtime": c.runtime, "file": CONTAINER_FILE,
+            })),
             "left_running": opts.leave_running,
             "dumped_bytes": dumped_bytes,
             "criu_extra_args": opts.criu.extra_args,

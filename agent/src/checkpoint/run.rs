@@ -19,9 +19,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::criu::LazyPages;
 use super::node::{self, NodeInfo};
-use super::{check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind};
+use super::{
+    check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind, CONTAINER_FILE,
+};
 use crate::api::{self, Request};
+use crate::config::Prefetch;
 use crate::containerd::spec;
 use crate::containerd::tasks::{ContainerRecord, Start, RUNC_V2};
 use crate::containerd::Containerd;
@@ -35,6 +39,10 @@ use crate::{Error, Result};
 const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 /// What that file says on a restore: established connections come back closed.
 const CRIU_RESTORE_CONFIG: &str = "tcp-close\n";
+/// And with lazy pages: the memory comes from `criu lazy-pages`.
+const CRIU_LAZY_CONFIG: &str = "lazy-pages\n";
+/// How long the lazy-pages daemon may take to send a restored tree all its memory.
+const LAZY_PAGES_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Which checkpoint `tessera run` restores.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +76,14 @@ pub struct RunOptions {
     pub state_dir: PathBuf,
     /// The container's output [default: `<state_dir>/<namespace>-<id>/output.log`].
     pub log: Option<PathBuf>,
+    /// How the agent prefetches the checkpoint's mount: CRIU reads every one of its
+    /// files, in the order of the checkpoint's prefetch list, so `All` (the list, then
+    /// the rest) fetches what CRIU will read, many chunks at once, ahead of it.
+    pub prefetch: Prefetch,
+    /// CRIU's lazy pages: the restored process starts before its memory has arrived
+    /// (`criu lazy-pages` serves its page faults from the mount through userfaultfd
+    /// and sends the rest after), so the restore stops growing with the heap.
+    pub lazy_pages: bool,
 }
 
 /// How the container started.
@@ -104,6 +120,14 @@ pub struct RunSummary {
     pub checkpoint_bytes_read: u64,
     pub origin_wire_bytes: u64,
     pub peer_bytes: u64,
+    /// A restore's mount of the checkpoint, and the container's restore (the task
+    /// created and started: runc's CRIU reading the mount).
+    pub mount_seconds: f64,
+    pub restore_seconds: f64,
+    /// With lazy pages (`lazy_pages`), from the restore's start until the last page of
+    /// memory had arrived (the app ran meanwhile).
+    pub lazy_pages: bool,
+    pub pages_seconds: Option<f64>,
     /// The container's output.
     pub log: PathBuf,
     pub seconds: f64,
@@ -148,7 +172,15 @@ impl std::fmt::Display for RunSummary {
             }
         }
         writeln!(f, "  output     {}", self.log.display())?;
-        writeln!(f, "  time       {:.2} s", self.seconds)
+        if matches!(self.outcome, Outcome::Restored { .. }) {
+            writeln!(
+                f,
+                "  time       {:.2} s (mount {:.2} s, restore {:.2} s)",
+                self.seconds, self.mount_seconds, self.restore_seconds
+            )
+        } else {
+            writeln!(f, "  time       {:.2} s", self.seconds)
+        }
     }
 }
 
@@ -215,7 +247,7 @@ pub async fn run(
     let why_boot = match chosen {
         Ok(chosen) => {
             let name = chosen.name.clone();
-            match base.restore(client, chosen).await {
+            match base.restore(chosen).await {
                 Ok((pid, outcome, read)) => {
                     return Ok(base.summary(&app_image, pid, outcome, read, started));
                 }
@@ -291,12 +323,17 @@ async fn choose(client: &RegistryClient, app: &PlatformImage, opts: &RunOptions)
     Err(no_usable(rejected))
 }
 
-/// What the checkpoint's lazy mount read and fetched.
+/// What the checkpoint's lazy mount read and fetched, and how long the mount and the
+/// restore took.
 #[derive(Debug, Default, Clone, Copy)]
 struct Read {
     bytes: u64,
     origin_wire: u64,
     peer: u64,
+    mount_seconds: f64,
+    restore_seconds: f64,
+    /// With lazy pages: until the last page arrived.
+    pages_seconds: Option<f64>,
 }
 
 /// What a restore and a boot share.
@@ -315,40 +352,8 @@ struct Base<'a> {
 
 impl Base<'_> {
     /// Restores `chosen` into a new container; on failure nothing of it is left.
-    async fn restore(
-        &self,
-        client: &RegistryClient,
-        chosen: Chosen,
-    ) -> Result<(u32, Outcome, Read)> {
-        let config = image::fetch_config(client, &chosen.image).await?;
-        let record = recorded_container(&chosen.name, &config)?;
-        let mut spec = record.spec.clone();
-        spec::set_hostname(&mut spec, self.hostname);
-        spec["linux"]["cgroupsPath"] = serde_json::json!(format!(
-            "/{}/{}",
-            self.opts.containerd.namespace, self.opts.id
-        ));
-        let criu_config = self.dir.join("criu.conf");
-        std::fs::write(&criu_config, CRIU_RESTORE_CONFIG)
-            .map_err(|e| Error::io("write", &criu_config, e))?;
-        spec::annotate(
-            &mut spec,
-            CRIU_CONFIG_ANNOTATION,
-            &criu_config.display().to_string(),
-        );
-        let container = ContainerRecord {
-            id: self.opts.id.clone(),
-            image: self.image_name.to_string(),
-            runtime: if record.runtime.is_empty() {
-                RUNC_V2.into()
-            } else {
-                record.runtime.clone()
-            },
-            spec,
-            snapshotter: self.opts.snapshotter.clone(),
-            snapshot_key: self.opts.id.clone(),
-        };
-
+    async fn restore(&self, chosen: Chosen) -> Result<(u32, Outcome, Read)> {
+        let t = Instant::now();
         let mountpoint = self.dir.join("checkpoint");
         let work = self.dir.join("criu");
         for d in [&mountpoint, &work] {
@@ -361,31 +366,33 @@ impl Base<'_> {
                 mountpoint: mountpoint.clone(),
                 record: None,
                 platform: None,
-                prefetch: None,
+                prefetch: Some(self.opts.prefetch),
             },
         )
         .await?;
-        let restored = async {
-            self.create(&container).await?;
-            let rootfs = self
-                .c
-                .prepare_rootfs(&self.opts.snapshotter, &self.opts.id, self.parent)
-                .await?;
-            let start = Start::Restore {
-                images: &mountpoint,
-                work: &work,
-            };
-            let criu = runc_criu(&self.opts.criu.path);
-            let pid = self
-                .c
-                .start_task(&self.opts.id, rootfs, start, self.log, criu.as_deref())
-                .await?;
-            if spec::has_own_uts_namespace(&container.spec) {
-                set_hostname(pid, self.hostname)?;
+        let mount_seconds = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
+        let restore_seconds = t.elapsed().as_secs_f64();
+        // With lazy pages the memory is still arriving from the mount: it stays until
+        // the daemon has sent every page.
+        let (restored, pages_seconds) = match restored {
+            Ok((pid, Some(mut daemon))) => {
+                let waited = tokio::task::spawn_blocking(move || daemon.wait(LAZY_PAGES_LIMIT))
+                    .await
+                    .map_err(|e| Error::Criu {
+                        action: "lazy-pages".into(),
+                        reason: format!("waiting for it ended without finishing: {e}"),
+                    })
+                    .and_then(|r| r);
+                if let Err(e) = &waited {
+                    tracing::error!(error = %e, pid, "the restored container's lazy pages");
+                }
+                (waited.map(|()| pid), Some(t.elapsed().as_secs_f64()))
             }
-            Ok::<_, Error>(pid)
-        }
-        .await;
+            Ok((pid, None)) => (Ok(pid), None),
+            Err(e) => (Err(e), None),
+        };
         // The restored tree runs from memory now; the mount is not needed whatever
         // happened.
         let unmounted = api::call(
@@ -411,6 +418,9 @@ impl Base<'_> {
             bytes: number(&status["bytes_read"]),
             origin_wire: number(&status["pull"]["origin_wire_bytes"]),
             peer: number(&status["pull"]["peer_bytes"]),
+            mount_seconds,
+            restore_seconds,
+            pages_seconds,
         };
         let outcome = Outcome::Restored {
             checkpoint: chosen.name,
@@ -418,6 +428,87 @@ impl Base<'_> {
             notes: chosen.notes,
         };
         Ok((pid, outcome, read))
+    }
+
+    /// Restores the container recorded in checkpoint `name`, mounted at `mountpoint`,
+    /// CRIU's logs in `work`: its task's pid, and with lazy pages the daemon still
+    /// sending it memory.
+    async fn restore_from(
+        &self,
+        name: &str,
+        mountpoint: &Path,
+        work: &Path,
+    ) -> Result<(u32, Option<LazyPages>)> {
+        let file = mountpoint.join(CONTAINER_FILE);
+        let bytes = tokio::fs::read(&file)
+            .await
+            .map_err(|e| Error::io("read", &file, e))?;
+        let record = recorded_container(name, &bytes)?;
+        let mut spec = record.spec.clone();
+        spec::set_hostname(&mut spec, self.hostname);
+        spec["linux"]["cgroupsPath"] = serde_json::json!(format!(
+            "/{}/{}",
+            self.opts.containerd.namespace, self.opts.id
+        ));
+        let criu_config = self.dir.join("criu.conf");
+        let config = if self.opts.lazy_pages {
+            format!("{CRIU_RESTORE_CONFIG}{CRIU_LAZY_CONFIG}")
+        } else {
+            CRIU_RESTORE_CONFIG.to_string()
+        };
+        std::fs::write(&criu_config, config).map_err(|e| Error::io("write", &criu_config, e))?;
+        spec::annotate(
+            &mut spec,
+            CRIU_CONFIG_ANNOTATION,
+            &criu_config.display().to_string(),
+        );
+        let container = ContainerRecord {
+            id: self.opts.id.clone(),
+            image: self.image_name.to_string(),
+            runtime: if record.runtime.is_empty() {
+                RUNC_V2.into()
+            } else {
+                record.runtime.clone()
+            },
+            spec,
+            snapshotter: self.opts.snapshotter.clone(),
+            snapshot_key: self.opts.id.clone(),
+        };
+
+        self.create(&container).await?;
+        let rootfs = self
+            .c
+            .prepare_rootfs(&self.opts.snapshotter, &self.opts.id, self.parent)
+            .await?;
+        let start = Start::Restore {
+            images: mountpoint,
+            work,
+        };
+        let criu = runc_criu(&self.opts.criu.path);
+        let daemon = if self.opts.lazy_pages {
+            let (criu, images, work) = (
+                self.opts.criu.clone(),
+                mountpoint.to_path_buf(),
+                work.to_path_buf(),
+            );
+            let started = tokio::task::spawn_blocking(move || criu.lazy_pages(&images, &work))
+                .await
+                .map_err(|e| Error::Criu {
+                    action: "lazy-pages".into(),
+                    reason: format!("its start ended without finishing: {e}"),
+                })??;
+            Some(started)
+        } else {
+            None
+        };
+        let pid = self
+            .c
+            .start_task(&self.opts.id, rootfs, start, self.log, criu.as_deref())
+            .await?;
+        if spec::has_own_uts_namespace(&container.spec) {
+            set_hostname(pid, self.hostname)?;
+        }
+        Ok((pid, daemon))
     }
 
     /// Boots a new container from `app`'s config.
@@ -497,25 +588,21 @@ impl Base<'_> {
             checkpoint_bytes_read: read.bytes,
             origin_wire_bytes: read.origin_wire,
             peer_bytes: read.peer,
+            mount_seconds: read.mount_seconds,
+            restore_seconds: read.restore_seconds,
+            lazy_pages: read.pages_seconds.is_some(),
+            pages_seconds: read.pages_seconds,
             log: self.log.to_path_buf(),
             seconds: started.elapsed().as_secs_f64(),
         }
     }
 }
 
-/// The container record in checkpoint `name`'s image config.
-fn recorded_container(name: &str, config: &[u8]) -> Result<ContainerRecord> {
-    let incompatible = |reason: String| Error::CheckpointIncompatible {
+/// The container record of checkpoint `name` (its [`CONTAINER_FILE`]'s bytes).
+fn recorded_container(name: &str, bytes: &[u8]) -> Result<ContainerRecord> {
+    serde_json::from_slice(bytes).map_err(|e| Error::CheckpointIncompatible {
         image: name.to_string(),
-        reason,
-    };
-    let config: serde_json::Value = serde_json::from_slice(config)
-        .map_err(|e| incompatible(format!("its image config is not JSON: {e}")))?;
-    let record = config["io.tessera.checkpoint"]["container"].clone();
-    serde_json::from_value(record).map_err(|e| {
-        incompatible(format!(
-            "its image config has no container record (io.tessera.checkpoint.container: {e})"
-        ))
+        reason: format!("its {CONTAINER_FILE} is not a container record: {e}"),
     })
 }
 
@@ -562,15 +649,14 @@ mod tests {
 
     #[test]
     fn a_checkpoint_without_a_container_record_is_incompatible() {
-        let e = recorded_container("ck", br#"{"io.tessera.checkpoint":{"pid":1}}"#).unwrap_err();
+        let e = recorded_container("ck", br#"{"pid":1}"#).unwrap_err();
         assert!(
             matches!(&e, Error::CheckpointIncompatible { image, .. } if image == "ck"),
             "{e:?}"
         );
-        assert!(e.to_string().contains("no container record"), "{e}");
-        let ok = br#"{"io.tessera.checkpoint":{"container":{"id":"a","image":"r/i:1",
-            "runtime":"io.containerd.runc.v2","spec":{"hostname":"a"},
-            "snapshotter":"tessera","snapshot_key":"a"}}}"#;
+        assert!(e.to_string().contains("not a container record"), "{e}");
+        let ok = br#"{"id":"a","image":"r/i:1","runtime":"io.containerd.runc.v2",
+            "spec":{"hostname":"a"},"snapshotter":"tessera","snapshot_key":"a"}"#;
         let record = recorded_container("ck", ok).unwrap();
         assert_eq!(record.spec["hostname"], "a");
     }

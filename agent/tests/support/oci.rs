@@ -537,7 +537,7 @@ pub fn build_dirs_image(
         run(Command::new("tar")
             .args(["--numeric-owner", "--owner=0", "--group=0", "--sort=name"])
             .args(["--mtime=@1700000000", "-C"])
-            .arg(&src)
+            .arg(src)
             .arg("-cf")
             .arg(&tar_path)
             .arg("."));
