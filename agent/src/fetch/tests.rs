@@ -225,6 +225,7 @@ impl Peers for FakePeers {
     fn open<'a>(
         &'a self,
         peer: &'a Peer,
+        _blob: &'a str,
         _algo: DigestAlgo,
         digests: Vec<[u8; 32]>,
     ) -> BoxFuture<'a, std::result::Result<Box<dyn PeerStream>, PeerFailure>> {
