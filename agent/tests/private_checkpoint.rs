@@ -40,7 +40,8 @@ struct Bed {
     scheduler: SchedulerProcess,
     private: Registry,
     public: Registry,
-    cluster: Cluster,
+    /// Dropped last: the namespaces everything above runs in.
+    _cluster: Cluster,
     /// `[registry] insecure` for both registries.
     config: PathBuf,
     t: tempfile::TempDir,
@@ -65,9 +66,16 @@ fn docker_config(dir: &Path, registry: &str) {
 
 impl Bed {
     /// Pushes `files` as `src/NAME` to `registry` and converts it to `REPO:v1` there.
-    fn image(&self, registry: &Registry, files: &[(String, Vec<u8>)], name: &str, repo: &str) -> String {
+    fn image(
+        &self,
+        registry: &Registry,
+        files: &[(String, Vec<u8>)],
+        name: &str,
+        repo: &str,
+    ) -> String {
         let layout = self.t.path().join(format!("layout-{name}"));
-        let layer: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect();
+        let layer: Vec<(&str, Vec<u8>)> =
+            files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect();
         build_files_image(&layout, "amd64", &[layer]);
         registry.push_layout(&layout, oci::TAG, &format!("src/{name}"));
         let home = self.t.path().join("converter");
@@ -80,7 +88,11 @@ impl Bed {
             .env("DOCKER_CONFIG", &home)
             .output()
             .unwrap();
-        assert!(out.status.success(), "convert: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "convert: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         format!("{}/{repo}:v1", registry.addr)
     }
 
@@ -125,7 +137,11 @@ fn mount(agent: &AgentProcess, image: &str, name: &str) -> std::process::Output 
 fn read_all(mnt: &Path, files: &[(String, Vec<u8>)]) {
     for (path, data) in files {
         let got = std::fs::read(mnt.join(path)).unwrap();
-        assert!(got == *data, "{path} read through {} differs", mnt.display());
+        assert!(
+            got == *data,
+            "{path} read through {} differs",
+            mnt.display()
+        );
     }
 }
 
@@ -189,9 +205,11 @@ fn known(image: &str, private: &Registry) -> Known {
         let bytes = registry_image::bootstrap_bytes_at(&client, &img, &location.layer)
             .await
             .unwrap();
-        let bootstrap =
-            rafs_format::reader::Bootstrap::from_bytes(bytes, rafs_format::reader::Verify::Checksum)
-                .unwrap();
+        let bootstrap = rafs_format::reader::Bootstrap::from_bytes(
+            bytes,
+            rafs_format::reader::Verify::Checksum,
+        )
+        .unwrap();
         let blobs = bootstrap.blobs().unwrap();
         let chunks: Vec<_> = (0..bootstrap.chunk_count())
             .map(|c| bootstrap.chunk(c).unwrap())
@@ -233,7 +251,13 @@ fn fetch_direct(
 }
 
 /// A proof made with the key of `manifest` (whatever bytes the caller has).
-fn access(manifest: &[u8], manifest_digest: &str, requester: &str, server: &str, blob: &str) -> pb::ChunkAccess {
+fn access(
+    manifest: &[u8],
+    manifest_digest: &str,
+    requester: &str,
+    server: &str,
+    blob: &str,
+) -> pb::ChunkAccess {
     let key = AccessKey::of_manifest(manifest);
     pb::ChunkAccess {
         requester: requester.into(),
@@ -268,7 +292,8 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         },
     );
     let public = Registry::start_in(&public_host);
-    let scheduler = SchedulerProcess::start_in(&scheduler_host, t.path().join("scheduler.log"), &[]);
+    let scheduler =
+        SchedulerProcess::start_in(&scheduler_host, t.path().join("scheduler.log"), &[]);
     let config = t.path().join("agent.toml");
     std::fs::write(
         &config,
@@ -283,7 +308,7 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         scheduler,
         private,
         public,
-        cluster,
+        _cluster: cluster,
         config,
         t,
     };
@@ -300,7 +325,12 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     let a = bed.agent(&host_a, "node-a", true);
     wait_registered(&a);
     let out = mount(&a, &private_image, "private");
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), a.log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log()
+    );
     read_all(&a.dir.join("private"), &secret);
     assert_eq!(pull(&a, &private_image)["origin_bytes"], total(&secret));
     bed.agents.push(a);
@@ -312,7 +342,10 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     wait_registered(&b);
     let out = mount(&b, &private_image, "private");
     let said = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "a node without credentials mounted a private image");
+    assert!(
+        !out.status.success(),
+        "a node without credentials mounted a private image"
+    );
     assert!(said.contains("private/ckpt"), "{said}");
     assert!(said.contains("credentials"), "{said}");
     assert!(!said.contains(PASSWORD));
@@ -331,12 +364,24 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     denied(fetch_direct(
         &host_a,
         &k.chunks,
-        Some(access(guessed, &k.manifest_digest, "node-b", "node-a", &k.blob)),
+        Some(access(
+            guessed,
+            &k.manifest_digest,
+            "node-b",
+            "node-a",
+            &k.blob,
+        )),
     ));
     denied(fetch_direct(
         &host_a,
         &k.chunks,
-        Some(access(&k.manifest, &k.manifest_digest, "node-b", "node-c", &k.blob)),
+        Some(access(
+            &k.manifest,
+            &k.manifest_digest,
+            "node-b",
+            "node-c",
+            &k.blob,
+        )),
     ));
     assert_eq!(counter(a, REFUSED), refused_before + 3);
     // Whoever has the manifest's bytes (it was read from the registry with the
@@ -344,7 +389,13 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     let served = fetch_direct(
         &host_a,
         &k.chunks,
-        Some(access(&k.manifest, &k.manifest_digest, "node-b", "node-a", &k.blob)),
+        Some(access(
+            &k.manifest,
+            &k.manifest_digest,
+            "node-b",
+            "node-a",
+            &k.blob,
+        )),
     )
     .unwrap();
     assert_eq!(served, k.chunks.len());
@@ -357,13 +408,22 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     wait_registered(&b);
     let ranges_before = bed.private.blob_bytes_sent(206);
     let out = mount(&b, &private_image, "private");
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), b.log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        b.log()
+    );
     read_all(&b.dir.join("private"), &secret);
     let p = pull(&b, &private_image);
     assert_eq!(p["origin_bytes"], 0, "{p}");
     assert_eq!(p["peer_bytes"], total(&secret), "{p}");
     assert_eq!(bed.private.blob_bytes_sent(206) - ranges_before, 0);
-    assert_eq!(counter(&bed.agents[0], REFUSED), refused_before + 3, "B's proofs were refused");
+    assert_eq!(
+        counter(&bed.agents[0], REFUSED),
+        refused_before + 3,
+        "B's proofs were refused"
+    );
     bed.agents.push(b);
 
     // The access keys on A's disk are root-only.
@@ -389,8 +449,14 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         assert!(cached >= total(&secret), "A's cache holds {cached} bytes");
         let out = mount(a, &private_image, "private-again");
         let said = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(!out.status.success(), "A mounted a private image without credentials");
-        assert!(said.contains("private/ckpt") && said.contains("credentials"), "{said}");
+        assert!(
+            !out.status.success(),
+            "A mounted a private image without credentials"
+        );
+        assert!(
+            said.contains("private/ckpt") && said.contains("credentials"),
+            "{said}"
+        );
     }
     denied(fetch_direct(&host_a, &k.chunks, None));
     assert_eq!(counter(&bed.agents[0], REFUSED), 1);
@@ -399,11 +465,21 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     let a = &bed.agents[0];
     let b = &bed.agents[1];
     let out = mount(a, &public_image, "public");
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), a.log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log()
+    );
     read_all(&a.dir.join("public"), &open);
     settle();
     let out = mount(b, &public_image, "public");
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), b.log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        b.log()
+    );
     read_all(&b.dir.join("public"), &open);
     let p = pull(b, &public_image);
     assert_eq!(p["origin_bytes"], 0, "{p}");

@@ -229,14 +229,13 @@ impl Agent {
         }
         let grant = access::Grant {
             manifest: image.raw.digest.clone(),
-            repository: format!("{}/{}", image.reference.registry, image.reference.repository),
+            repository: format!(
+                "{}/{}",
+                image.reference.registry, image.reference.repository
+            ),
             key: access::AccessKey::of_manifest(&image.raw.bytes),
             algo: bootstrap.digest_algo(),
-            blobs: blobs
-                .iter()
-                .map(|b| b.oci_digest())
-                .zip(chunks)
-                .collect(),
+            blobs: blobs.iter().map(|b| b.oci_digest()).zip(chunks).collect(),
         };
         let store = self.access.clone();
         crate::fetch::blocking(move || store.grant(&grant))

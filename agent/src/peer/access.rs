@@ -97,12 +97,7 @@ impl AccessKey {
 
     /// Whether `proof` is this key's for these names (compared in constant time).
     fn verifies(&self, proof: &[u8; 32], requester: &str, server: &str, blob: &str) -> bool {
-        ring::hmac::verify(
-            &self.hmac(),
-            &Self::message(requester, server, blob),
-            proof,
-        )
-        .is_ok()
+        ring::hmac::verify(&self.hmac(), &Self::message(requester, server, blob), proof).is_ok()
     }
 }
 
@@ -323,7 +318,9 @@ impl PeerAccess {
         for (blob, chunks) in record.blobs {
             let chunks = chunks
                 .iter()
-                .map(|c| hex32(c).ok_or_else(|| format!("blob {blob}: chunk {c:?} is not a digest")))
+                .map(|c| {
+                    hex32(c).ok_or_else(|| format!("blob {blob}: chunk {c:?} is not a digest"))
+                })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             blobs.push((blob, chunks));
         }
@@ -553,23 +550,45 @@ mod tests {
         assert_eq!(check(&[[9; 32], [1; 32]], None), Err(Refusal::NoProof));
         // The right proof, from a requester that read the manifest.
         let key = AccessKey::of_manifest(manifest);
-        let good = access("node-b", '1', vec![(blob('d'), key.proof("node-b", "node-a", &blob('1')))]);
+        let good = access(
+            "node-b",
+            '1',
+            vec![(blob('d'), key.proof("node-b", "node-a", &blob('1')))],
+        );
         assert_eq!(check(&[[1; 32], [2; 32], [9; 32]], Some(&good)), Ok(()));
         // Its own proofs say the same.
         assert_eq!(
             access_store.proofs("node-b", "node-a", &blob('1')),
             vec![(blob('d'), key.proof("node-b", "node-a", &blob('1')))]
         );
-        assert!(access_store.proofs("node-b", "node-a", &blob('9')).is_empty());
+        assert!(access_store
+            .proofs("node-b", "node-a", &blob('9'))
+            .is_empty());
         // A chunk of another blob under this blob's proof.
         assert_eq!(check(&[[3; 32]], Some(&good)), Err(Refusal::NotInBlob));
         // Wrong bytes, another server's proof, another requester claiming it.
         let wrong = AccessKey::of_manifest(b"a guess");
         for bad in [
-            access("node-b", '1', vec![(blob('d'), wrong.proof("node-b", "node-a", &blob('1')))]),
-            access("node-b", '1', vec![(blob('d'), key.proof("node-b", "node-c", &blob('1')))]),
-            access("node-x", '1', vec![(blob('d'), key.proof("node-b", "node-a", &blob('1')))]),
-            access("node-b", '1', vec![(blob('e'), key.proof("node-b", "node-a", &blob('1')))]),
+            access(
+                "node-b",
+                '1',
+                vec![(blob('d'), wrong.proof("node-b", "node-a", &blob('1')))],
+            ),
+            access(
+                "node-b",
+                '1',
+                vec![(blob('d'), key.proof("node-b", "node-c", &blob('1')))],
+            ),
+            access(
+                "node-x",
+                '1',
+                vec![(blob('d'), key.proof("node-b", "node-a", &blob('1')))],
+            ),
+            access(
+                "node-b",
+                '1',
+                vec![(blob('e'), key.proof("node-b", "node-a", &blob('1')))],
+            ),
         ] {
             assert_eq!(check(&[[1; 32]], Some(&bad)), Err(Refusal::BadProof));
         }
@@ -586,7 +605,9 @@ mod tests {
             store
                 .grant(&grant(b"second", 'e', &[('1', &[1]), ('2', &[2])]))
                 .unwrap();
-            store.grant(&grant(b"second", 'e', &[('1', &[1]), ('2', &[2])])).unwrap();
+            store
+                .grant(&grant(b"second", 'e', &[('1', &[1]), ('2', &[2])]))
+                .unwrap();
             assert_eq!(store.proofs("b", "a", &blob('1')).len(), 2);
         }
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -602,7 +623,10 @@ mod tests {
         for (bytes, m) in [(b"first".as_slice(), 'd'), (b"second".as_slice(), 'e')] {
             let key = AccessKey::of_manifest(bytes);
             let a = access("b", '1', vec![(blob(m), key.proof("b", "a", &blob('1')))]);
-            assert_eq!(store.check("a", DigestAlgo::Sha256, &[[1; 32]], Some(&a)), Ok(()));
+            assert_eq!(
+                store.check("a", DigestAlgo::Sha256, &[[1; 32]], Some(&a)),
+                Ok(())
+            );
         }
         // The first checkpoint's manifest does not name blob 2.
         let key = AccessKey::of_manifest(b"first");

@@ -184,7 +184,9 @@ impl pb::peer_service_server::PeerService for PeerServer {
             DigestAlgorithm::Blake3 => DigestAlgo::Blake3,
         };
         if let Some((access, host_id)) = &self.access {
-            if let Err(refusal) = access.check(host_id, algo, &wanted.digests, wanted.access.as_ref()) {
+            if let Err(refusal) =
+                access.check(host_id, algo, &wanted.digests, wanted.access.as_ref())
+            {
                 access.count_refusal();
                 // Names only: never a key or a proof.
                 tracing::debug!(

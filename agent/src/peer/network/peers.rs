@@ -165,9 +165,7 @@ pub enum PeerFailure {
 impl PeerFailure {
     pub fn outcome(self) -> pb::Outcome {
         match self {
-            PeerFailure::Busy | PeerFailure::Protocol | PeerFailure::Refused => {
-                pb::Outcome::Other
-            }
+            PeerFailure::Busy | PeerFailure::Protocol | PeerFailure::Refused => pb::Outcome::Other,
             PeerFailure::Timeout => pb::Outcome::Timeout,
             PeerFailure::Connection => pb::Outcome::Connection,
             PeerFailure::VerificationFailed => pb::Outcome::VerificationFailed,
