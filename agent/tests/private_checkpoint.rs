@@ -3,9 +3,9 @@
 //! service, only to nodes that prove they read its manifest from the registry; an
 //! image anyone may pull goes peer to peer as before. Real agents, a real scheduler and
 //! two real registries (one behind basic auth, one open), each on its own host of a
-//! cluster of network namespaces; no CRIU is needed, since what makes an image
-//! restricted is its repository (a checkpoint is restricted wherever it is: unit tests
-//! in `peer::access`).
+//! cluster of network namespaces. No CRIU is needed: what makes an image restricted is
+//! its repository, or the checkpoint annotations on its manifest (a converted image's
+//! manifest pushed again with them stands for a checkpoint here).
 
 #![allow(clippy::unwrap_used)] // Tests fail loudly by design.
 
@@ -221,6 +221,37 @@ fn known(image: &str, private: &Registry) -> Known {
             blob,
             chunks: chunks.iter().take(3).map(|c| c.digest).collect(),
         }
+    })
+}
+
+/// Pushes `image`'s manifest again as `TAG` in its repository, with the annotations
+/// `tessera checkpoint` writes: a checkpoint, on a registry anyone may read.
+fn as_checkpoint(image: &str, tag: &str) -> String {
+    let reference = Reference::parse(image).unwrap();
+    let client = RegistryClient::new(ClientOptions {
+        plain_http: vec![reference.registry.clone()],
+        ..Default::default()
+    })
+    .unwrap();
+    support::registry::block_on(async {
+        let raw = client.manifest(&reference).await.unwrap();
+        let mut manifest: serde_json::Value = serde_json::from_slice(&raw.bytes).unwrap();
+        manifest["annotations"]["io.tessera.checkpoint.criu-version"] = "4.2.1".into();
+        manifest["annotations"]["io.tessera.checkpoint.process"] = "python3".into();
+        let tagged = Reference {
+            tag: Some(tag.into()),
+            digest: None,
+            ..reference.clone()
+        };
+        client
+            .push_manifest(
+                &tagged,
+                &raw.media_type,
+                serde_json::to_vec(&manifest).unwrap(),
+            )
+            .await
+            .unwrap();
+        format!("{}/{}:{tag}", reference.registry, reference.repository)
     })
 }
 
@@ -494,4 +525,39 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         open_known.chunks.len()
     );
     assert_eq!(counter(a, REFUSED), 1);
+
+    // A checkpoint is restricted wherever it is pushed: on the open registry, A
+    // (without credentials, none needed) mounts it and refuses its chunks without a
+    // proof; B, which read its manifest too, gets them from A with one.
+    let frozen = files(3, 2 << 20, 5000);
+    let plain = bed.image(&bed.public, &frozen, "frozen", "ckpt/app");
+    let checkpoint = as_checkpoint(&plain, "checkpoint");
+    let out = mount(a, &checkpoint, "checkpoint");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log()
+    );
+    read_all(&a.dir.join("checkpoint"), &frozen);
+    settle();
+    let c = known(&checkpoint, &bed.private);
+    denied(fetch_direct(&host_a, &c.chunks, None));
+    assert_eq!(counter(a, REFUSED), 2);
+    let out = mount(b, &checkpoint, "checkpoint");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        b.log()
+    );
+    read_all(&b.dir.join("checkpoint"), &frozen);
+    let p = pull(b, &checkpoint);
+    assert_eq!(p["origin_bytes"], 0, "{p}");
+    assert_eq!(p["peer_bytes"], total(&frozen), "{p}");
+    assert_eq!(
+        counter(a, REFUSED),
+        2,
+        "B's proofs for the checkpoint were refused"
+    );
 }
