@@ -206,7 +206,9 @@ impl Agent {
         );
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
         // Root-only, beside the cache it protects (which outlives any one agent).
-        let access = Arc::new(PeerAccess::open(&config.cache_dir.join("access"))?);
+        let access = Arc::new(PeerAccess::open(&config.cache_dir.join("access"), |k| {
+            cache.contains(k)
+        })?);
         let mut background = Vec::new();
         let mut preheat_jobs = None;
         if config.p2p.active() {

@@ -25,7 +25,8 @@
 //! Kept on disk, root-only (a directory 0700, files 0600, written whole and renamed into
 //! place), one file per manifest, so a restarted agent still refuses what it refused:
 //! its cache outlives it. A record is written before the image is mounted, hence before
-//! any of its chunks can enter the cache.
+//! any of its chunks can enter the cache, and deleted at start once the cache holds
+//! none of its chunks.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -179,6 +180,20 @@ pub struct Grant {
     pub blobs: Vec<(String, Vec<[u8; 32]>)>,
 }
 
+impl Grant {
+    /// Whether `held` holds any of its chunks.
+    fn holds_any(&self, held: &impl Fn(&ChunkKey) -> bool) -> bool {
+        self.blobs.iter().any(|(_, chunks)| {
+            chunks.iter().any(|digest| {
+                held(&ChunkKey {
+                    algo: self.algo,
+                    digest: *digest,
+                })
+            })
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     /// Manifests by digest: their keys.
@@ -271,10 +286,13 @@ impl PeerAccess {
         }
     }
 
-    /// Opens (creating, root-only) the records kept in `dir`. A record that does not
-    /// read is reported and left in place: what it protected cannot be known, and
-    /// deleting it would not help. Blocking (file I/O).
-    pub fn open(dir: &Path) -> Result<PeerAccess> {
+    /// Opens (creating, root-only) the records kept in `dir`. A record none of whose
+    /// chunks `held` (the cache) still holds protects nothing and is deleted: a chunk
+    /// of a restricted image enters the cache again only through a mount of it, which
+    /// records it again (so the directory does not grow without bound). A record that
+    /// does not read is reported and left in place: what it protected cannot be known.
+    /// Blocking (file I/O).
+    pub fn open(dir: &Path, held: impl Fn(&ChunkKey) -> bool) -> Result<PeerAccess> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .map_err(|e| Error::io("make root-only", dir, e))?;
@@ -289,6 +307,11 @@ impl PeerAccess {
                 .map_err(|e| e.to_string())
                 .and_then(|b| Self::parse(&b))
             {
+                Ok(grant) if !grant.holds_any(&held) => {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        tracing::warn!(path = %path.display(), error = %e, "could not delete a peer access record that protects nothing");
+                    }
+                }
                 Ok(grant) => state.add(&grant),
                 Err(reason) => tracing::error!(
                     path = %path.display(),
@@ -601,7 +624,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let records = dir.path().join("access");
         {
-            let store = PeerAccess::open(&records).unwrap();
+            let store = PeerAccess::open(&records, |_| true).unwrap();
             // Two checkpoints: the second reuses the first's blob (a chunk dictionary).
             store.grant(&grant(b"first", 'd', &[('1', &[1])])).unwrap();
             store
@@ -620,7 +643,7 @@ mod tests {
             .collect();
         assert_eq!(files.len(), 2);
         assert!(files.iter().all(|f| mode(f) == 0o600), "{files:?}");
-        let store = PeerAccess::open(&records).unwrap();
+        let store = PeerAccess::open(&records, |_| true).unwrap();
         assert_eq!(store.manifests(), 2);
         for (bytes, m) in [(b"first".as_slice(), 'd'), (b"second".as_slice(), 'e')] {
             let key = AccessKey::of_manifest(bytes);
@@ -639,6 +662,16 @@ mod tests {
         );
         assert_eq!(
             store.check("a", DigestAlgo::Sha256, &[[2; 32]], None),
+            Err(Refusal::NoProof)
+        );
+        drop(store);
+        // The cache dropped chunk 1 (chunk 2 stays): the first checkpoint's record
+        // protects nothing and goes; the second's stays, chunk 1 included.
+        let store = PeerAccess::open(&records, |k| k.digest == [2; 32]).unwrap();
+        assert_eq!(store.manifests(), 1);
+        assert_eq!(std::fs::read_dir(&records).unwrap().count(), 1);
+        assert_eq!(
+            store.check("a", DigestAlgo::Sha256, &[[1; 32]], None),
             Err(Refusal::NoProof)
         );
     }
