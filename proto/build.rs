@@ -8,7 +8,9 @@
 //!   proxy serves its image service and calls containerd's; the tests and benchmarks
 //!   pull images through it as the kubelet does.
 //! - containerd's content, images and leases services (clients only): `tessera pull`
-//!   writes an image into containerd as its unpacker would.
+//!   writes an image into containerd as its unpacker would; its containers and tasks
+//!   services and runc's task options (clients only): `tessera checkpoint --container`
+//!   and `tessera run` checkpoint and restore containers through containerd.
 //!
 //! containerd's files and CRI's import gogo.proto under two names, so each set is
 //! compiled on its own (one descriptor set cannot hold the same extensions twice).
@@ -59,6 +61,9 @@ fn main() -> Result {
             "github.com/containerd/containerd/api/services/content/v1/content.proto",
             "github.com/containerd/containerd/api/services/images/v1/images.proto",
             "github.com/containerd/containerd/api/services/leases/v1/leases.proto",
+            "github.com/containerd/containerd/api/services/containers/v1/containers.proto",
+            "github.com/containerd/containerd/api/services/tasks/v1/tasks.proto",
+            "github.com/containerd/containerd/runtime/v2/runc/options/oci.proto",
             "github.com/containerd/containerd/api/types/mount.proto",
         ],
         &["third_party"],

@@ -3,7 +3,9 @@
 #
 #   scripts/demo.sh [start]   install what is missing, build, start a registry, a scheduler
 #                             and 3 agents, convert a sample image, start it lazily on the
-#                             first agent, then on the other two, and print a report
+#                             first agent, then on the other two; then checkpoint a booted
+#                             Python server and restore it from a lazy mount instead of
+#                             booting it again; print a report
 #   scripts/demo.sh stop      unmount and stop everything the demo started
 #
 # Every agent is a "node" of its own: a network namespace on a bridge (198.19.S.0/24, in
@@ -12,6 +14,9 @@
 # itself. The sample image is a small Python "application": an interpreter, its standard
 # library and a data file; its start-up runs the interpreter from the lazy mount
 # (chroot), which reads a few dozen files of it.
+#
+# The restore needs CRIU 4.2.1 (`make criu-deps` builds it into target/tools/criu; the
+# demo builds it when it is missing, about 2 minutes; DEMO_CRIU names another binary).
 #
 # Knobs (environment): DEMO_OUT (default demo-out) holds every file, log and mount;
 # DEMO_BIN_DIR uses tessera and tessera-scheduler from there instead of building them;
@@ -55,9 +60,9 @@ stop() {
   done
   # Then the scheduler and the registry; whatever did not go quietly is killed, and its
   # mounts detached.
-  for pid in $(pids 'tessera-schedul|docker-registry'); do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in $(pids 'tessera-schedul|docker-registry|python3.*'); do kill -TERM "$pid" 2>/dev/null || true; done
   sleep 0.5
-  for pid in $(pids 'tessera|tessera-schedul|docker-registry'); do kill -KILL "$pid" 2>/dev/null || true; done
+  for pid in $(pids 'tessera|tessera-schedul|docker-registry|python3.*'); do kill -KILL "$pid" 2>/dev/null || true; done
   sleep 0.2
   local mnt
   for mnt in $(awk -v d="$abs/" 'index($2, d) == 1 { print $2 }' /proc/mounts); do
@@ -72,7 +77,7 @@ stop() {
   fi
   # The check: no process, mount or namespace of the demo remains.
   local problems=""
-  for pid in $(pids 'tessera|tessera-schedul|docker-registry'); do
+  for pid in $(pids 'tessera|tessera-schedul|docker-registry|python3.*'); do
     problems="$problems process $pid ($(cat "/proc/$pid/comm" 2>/dev/null));"
   done
   awk -v d="$abs/" 'index($2, d) == 1 { found = 1 } END { exit !found }' /proc/mounts &&
@@ -108,6 +113,13 @@ if [ -n "$need_pkgs" ]; then
 fi
 [ -e /dev/fuse ] || die "/dev/fuse is missing: load the fuse module (modprobe fuse)"
 [ "$(id -u)" = 0 ] || die "the demo mounts images through FUSE and runs them with chroot: run it as root"
+
+criu=${DEMO_CRIU:-target/tools/criu/criu}
+if [ ! -x "$criu" ]; then
+  say "building CRIU 4.2.1 for the restore (make criu-deps; once, about 2 minutes)"
+  bash scripts/criu-deps.sh
+fi
+criu=$(realpath "$criu")
 
 if [ -n "${DEMO_BIN_DIR:-}" ]; then
   bin=$DEMO_BIN_DIR
@@ -304,6 +316,53 @@ for n in $(seq $agents); do
 done
 image_bytes=$(du -sb "$rootfs" | cut -f1)
 
+say "restore instead of boot: a Python server that takes seconds to boot, checkpointed and restored"
+# Its boot derives a key the slow way (as a service warms up: seconds of CPU, little
+# memory) and holds 32 MiB of state; every answer is the request count, the state's
+# sha256 and the key.
+cat > "$out/server.py" <<'PY'
+import hashlib, http.server, os, sys
+key = hashlib.pbkdf2_hmac("sha256", b"demo", b"salt", 8_000_000).hex()[:16]
+state = bytearray(os.urandom(32 << 20))
+count = 0
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global count
+        count += 1
+        body = f"{count} {hashlib.sha256(state).hexdigest()} {key}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+PY
+server_port=$(free_port)
+first_answer() { # first_answer: waits up to 60 s for the server's first answer
+  for _ in $(seq 600); do
+    curl -fsS "http://127.0.0.1:$server_port/" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  die "the server did not answer (logs in $out)"
+}
+t0=$(now)
+setsid "$python" "$out/server.py" "$server_port" > "$out/server.log" 2>&1 < /dev/null &
+server_pid=$!
+disown
+first_answer > "$out/boot.answer"
+t1=$(now)
+echo "booted in $(python3 -c "print(f'{$t1 - $t0:.2f}')") s: $(cat "$out/boot.answer")"
+"$tessera" checkpoint --config "$out/tessera.toml" --criu "$criu" --pid "$server_pid" \
+  "$registry/demo/server:ckpt" | tee "$out/checkpoint.out"
+t2=$(now)
+"$tessera" restore --config "$out/tessera.toml" --criu "$criu" --socket "$out/agent3/agent.sock" \
+  --json --work-dir "$out" "$registry/demo/server:ckpt" > "$out/restore.json"
+first_answer > "$out/restore.answer"
+t3=$(now)
+echo "restored on agent 3 in $(python3 -c "print(f'{$t3 - $t2:.2f}')") s: $(cat "$out/restore.answer")"
+echo "$t0 $t1 $t2 $t3" > "$out/restore-times"
+
 say "report"
 python3 - "$out" "$agents" "$image_bytes" <<'PY'
 import json, sys
@@ -350,8 +409,28 @@ print(f"registry sent {mib(total_wire):.1f} MiB of compressed chunks ({mib(total
 print("columns: read = bytes the application read; origin/peers = uncompressed chunk bytes fetched from the "
       "registry / from other agents (as tessera status, /metrics and the scheduler's stats count them); MiB/s = fetched bytes per second of start-up; first byte = from the mount request "
       "to the first byte read; mounted = the mount call; ready = mount plus start-up")
+t0, t1, t2, t3 = map(float, open(f"{out}/restore-times").read().split())
+booted, restored = open(f"{out}/boot.answer").read().split(), open(f"{out}/restore.answer").read().split()
+summary = json.load(open(f"{out}/restore.json"))
+restore = {
+    "boot_seconds": t1 - t0,
+    "restore_seconds": t3 - t2,
+    "same_state": booted[1:] == restored[1:],
+    "count_before": int(booted[0]),
+    "count_after": int(restored[0]),
+    "checkpoint_bytes_read": summary["bytes_read"],
+    "origin_wire_bytes": summary["origin_wire_bytes"],
+}
+print(f"restore: the server answered {restore['restore_seconds']:.2f} s after `tessera restore` began, "
+      f"{restore['boot_seconds'] / max(restore['restore_seconds'], 1e-3):.1f}x sooner than its "
+      f"{restore['boot_seconds']:.2f} s boot, with the same state "
+      f"({'yes' if restore['same_state'] else 'NO'}) and its request count going on "
+      f"({restore['count_before']} -> {restore['count_after']}); CRIU read "
+      f"{mib(restore['checkpoint_bytes_read']):.1f} MiB through the lazy mount, "
+      f"{mib(restore['origin_wire_bytes']):.1f} MiB came from the registry")
 json.dump({"agents": rows, "image_bytes": image_bytes, "origin_bytes": total_origin,
-           "origin_wire_bytes": total_wire, "peer_bytes": total_peer}, open(f"{out}/report.json", "w"), indent=2)
+           "origin_wire_bytes": total_wire, "peer_bytes": total_peer, "restore": restore},
+          open(f"{out}/report.json", "w"), indent=2)
 PY
 
 say "the scheduler's admin API"
@@ -362,6 +441,7 @@ cat <<EOF
 
 The demo is running:
   images mounted at   $out/agent{1,2,3}/mnt   (e.g. ls $out/agent2/mnt/usr/lib)
+  the restored server curl http://127.0.0.1:$server_port/   (checkpoint: $registry/demo/server:ckpt)
   an agent's status   $tessera status --socket $out/agent1/agent.sock
   its metrics         curl http://$(cat "$out/agent1/metrics-address")/metrics$( [ "$netns" = 1 ] && echo "   (from the host: the agents' addresses are on the demo bridge)")
   the admin API       $scheduler_bin admin --url $admin_url --token-file $out/admin-token hosts|blobs|images|stats

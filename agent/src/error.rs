@@ -168,6 +168,11 @@ pub enum Error {
     #[error("criu {action}: {reason}")]
     Criu { action: String, reason: String },
 
+    /// `tessera checkpoint --boot`: the booted app did not become ready (its probe
+    /// never succeeded within the timeout, or the app exited).
+    #[error("the app never became ready ({probe}): {reason}")]
+    NotReady { probe: String, reason: String },
+
     /// A checkpoint image cannot be restored on this node: it records no CRIU version,
     /// or one this node's CRIU cannot restore; `reason` names both and what to do.
     #[error("checkpoint {image} cannot be restored here: {reason}")]

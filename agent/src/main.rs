@@ -36,10 +36,14 @@ enum Command {
     /// Index a plain gzip image so it starts lazily without conversion; the index is
     /// pushed beside it (an OCI referrer of its manifest).
     Index(Box<commands::index::IndexArgs>),
-    /// Checkpoint a running process tree with CRIU and push it as a Tessera image.
+    /// Checkpoint a running container (containerd, runc) or process tree (CRIU) and
+    /// push it as a Tessera image.
     Checkpoint(Box<commands::checkpoint::CheckpointArgs>),
     /// Restore a checkpoint (`tessera checkpoint`) from a lazy mount the agent makes.
     Restore(Box<commands::checkpoint::RestoreArgs>),
+    /// Run a container in containerd from an image: restored from the image's newest
+    /// checkpoint this node can restore, booted when there is none or the restore fails.
+    Run(Box<commands::checkpoint::RunArgs>),
     /// Run the node agent: lazy mounts, the chunk cache, the local API.
     Agent(Box<commands::agent::AgentArgs>),
     /// Run the agent for Podman's, Buildah's and CRI-O's additional layer store at
@@ -90,6 +94,7 @@ fn main() {
         Command::Index(args) => commands::index::index(*args),
         Command::Checkpoint(args) => commands::checkpoint::checkpoint(*args),
         Command::Restore(args) => commands::checkpoint::restore(*args),
+        Command::Run(args) => commands::checkpoint::run(*args),
         Command::Agent(args) => commands::agent::agent(*args),
         Command::Store(args) => commands::agent::store(*args),
         Command::Mount(args) => commands::agent::mount(args),

@@ -1,6 +1,7 @@
 //! The local demo cluster (`make demo`, `scripts/demo.sh`) end to end: it starts a
 //! registry, a scheduler and three agents, converts the sample image, starts it lazily
-//! on every agent and prints its report; `scripts/demo.sh stop` then leaves nothing
+//! on every agent, checkpoints a booted server and restores it from a lazy mount, and
+//! prints its report; `scripts/demo.sh stop` then leaves nothing
 //! mounted or running. The tests run the script itself with this build's binaries and a
 //! smaller data file, once on network namespaces and once on loopback ports.
 #![allow(clippy::unwrap_used)]
@@ -146,6 +147,23 @@ fn run_demo(demo: &Demo, namespaces: Option<&str>) {
             std::fs::read_to_string(demo.path().join(format!("agent{n}/startup.out"))).unwrap();
         assert!(out.contains("app ready"), "agent {n}'s start-up: {out}");
     }
+    // Restore instead of boot: the checkpointed server came back from a lazy mount
+    // with its state, its count going on.
+    let restore = &report["restore"];
+    assert_eq!(restore["same_state"], true, "{report}");
+    assert_eq!(
+        restore["count_after"].as_u64().unwrap(),
+        restore["count_before"].as_u64().unwrap() + 1,
+        "{report}"
+    );
+    assert!(
+        restore["checkpoint_bytes_read"].as_u64().unwrap() > 32 << 20,
+        "CRIU read the server's 32 MiB of state through the mount: {report}"
+    );
+    assert!(
+        stdout.contains("restore: the server answered"),
+        "no restore line in the demo's output:\n{stdout}"
+    );
     // Still running until stopped: the mounts serve the image.
     assert!(demo.path().join("agent2/mnt/app/main.py").is_file());
 

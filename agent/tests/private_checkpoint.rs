@@ -561,3 +561,25 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         "B's proofs for the checkpoint were refused"
     );
 }
+
+/// What `tessera checkpoint` writes is what makes an image a checkpoint to the peer
+/// service (the two modules sit in different layers, so the constants are copies).
+#[test]
+fn checkpoints_are_recognised_by_what_tessera_checkpoint_writes() {
+    use tessera_agent::checkpoint;
+    use tessera_agent::peer::access;
+    assert_eq!(
+        access::CHECKPOINT_ARTIFACT_TYPE,
+        checkpoint::app::ARTIFACT_TYPE
+    );
+    for annotation in [
+        checkpoint::node::CRIU_VERSION_ANNOTATION,
+        checkpoint::node::KERNEL_ANNOTATION,
+        checkpoint::PROCESS_ANNOTATION,
+    ] {
+        assert!(
+            annotation.starts_with(access::CHECKPOINT_ANNOTATION_PREFIX),
+            "{annotation}"
+        );
+    }
+}

@@ -50,11 +50,36 @@ pub mod containerd {
                 tonic::include_proto!("containerd.services.leases.v1");
             }
         }
+        pub mod containers {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.containers.v1");
+            }
+        }
+        pub mod tasks {
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.tasks.v1");
+            }
+        }
     }
+    /// `containerd.v1.types`: a task's status and process info (for the tasks service).
+    pub mod v1 {
+        pub mod types {
+            tonic::include_proto!("containerd.v1.types");
+        }
+    }
+    /// runc's task options (`containerd.runc.v1`): where CRIU's images go on a
+    /// checkpoint and come from on a restore.
+    pub mod runc {
+        pub mod v1 {
+            tonic::include_proto!("containerd.runc.v1");
+        }
+    }
+    pub use services::containers::v1 as containers;
     pub use services::content::v1 as content;
     pub use services::images::v1 as images;
     pub use services::leases::v1 as leases;
     pub use services::snapshots::v1 as snapshots;
+    pub use services::tasks::v1 as tasks;
 }
 
 /// The Kubernetes CRI API (`runtime.v1`, k8s.io/cri-api v0.27.1): the agent's CRI

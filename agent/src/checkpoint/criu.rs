@@ -129,6 +129,53 @@ impl Criu {
         })
     }
 
+    /// Starts `criu lazy-pages` on the images in `images`, listening in `work` (where
+    /// the restoring CRIU, given `--lazy-pages` and the same work dir, finds it): it
+    /// serves the restored tree's page faults from the images through userfaultfd and
+    /// sends the pages nobody asked for after, then exits. Returns once it listens.
+    pub fn lazy_pages(&self, images: &Path, work: &Path) -> Result<LazyPages> {
+        let socket = work.join("lazy-pages.socket");
+        let log = work.join("lazy-pages.log");
+        let child = Command::new(&self.path)
+            .arg("lazy-pages")
+            .arg("-D")
+            .arg(images)
+            .arg("-W")
+            .arg(work)
+            .arg("-o")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| Error::Criu {
+                action: "lazy-pages".into(),
+                reason: format!("could not run {}: {e}; {CRIU_HINT}", self.path.display()),
+            })?;
+        let mut daemon = LazyPages { child, log };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !socket.exists() {
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                return Err(Error::Criu {
+                    action: "lazy-pages".into(),
+                    reason: format!("it exited ({status}); its log: {}", daemon.log.display()),
+                });
+            }
+            if std::time::Instant::now() >= deadline {
+                daemon.stop();
+                return Err(Error::Criu {
+                    action: "lazy-pages".into(),
+                    reason: format!(
+                        "it did not listen within 10 s; its log: {}",
+                        daemon.log.display()
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(daemon)
+    }
+
     fn run(
         &self,
         action: &str,
@@ -209,5 +256,61 @@ mod tests {
         let e = Criu::new("/nonexistent/criu").version().unwrap_err();
         assert!(matches!(&e, Error::Criu { action, .. } if action == "--version"));
         assert!(e.to_string().contains("make criu-deps"), "{e}");
+    }
+}
+
+/// A running `criu lazy-pages` ([`Criu::lazy_pages`]): the restored tree's memory
+/// arrives through it, so the images it reads must stay until it exits. Killed when
+/// dropped, if still running.
+#[derive(Debug)]
+pub struct LazyPages {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl LazyPages {
+    /// Waits up to `limit` for it to exit, all pages sent: whether it did so cleanly
+    /// (else it is killed, and the restored tree's unsent pages are lost to it).
+    pub fn wait(&mut self, limit: std::time::Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => {
+                    return Err(Error::Criu {
+                        action: "lazy-pages".into(),
+                        reason: format!("it exited ({status}); its log: {}", self.log.display()),
+                    })
+                }
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(None) | Err(_) => {
+                    self.stop();
+                    return Err(Error::Criu {
+                        action: "lazy-pages".into(),
+                        reason: format!(
+                            "it had not sent every page after {limit:?} and was stopped; its \
+                             log: {}",
+                            self.log.display()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Kills it if it still runs.
+    pub fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for LazyPages {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

@@ -31,12 +31,17 @@ use serde_json::json;
 pub mod app;
 pub mod criu;
 pub mod node;
+pub mod ready;
+pub mod release;
+pub mod run;
 
 pub use app::{checkpoints_of, ARTIFACT_TYPE};
 pub use criu::{Criu, CriuVersion};
 pub use node::NodeInfo;
 
 use crate::api::{self, Request};
+use crate::containerd::tasks::ContainerRecord;
+use crate::containerd::Containerd;
 use crate::convert::{push_built, ConvertProgress, PushSpec};
 use crate::registry::client::RegistryClient;
 use crate::registry::image::{self, PlatformImage};
@@ -53,12 +58,67 @@ pub const PID_ANNOTATION: &str = "io.tessera.checkpoint.pid";
 /// The dumped tree's root process name (`/proc/PID/comm`; never its command line,
 /// which may carry secrets).
 pub const PROCESS_ANNOTATION: &str = "io.tessera.checkpoint.process";
+/// A container checkpoint's record of the container (its image, runtime and OCI
+/// spec: [`ContainerRecord`]), beside CRIU's images in the checkpoint's tree.
+pub const CONTAINER_FILE: &str = "tessera-container.json";
+/// What was dumped: [`Kind`] (`process` when absent: the checkpoints made before
+/// containers could be).
+pub const KIND_ANNOTATION: &str = "io.tessera.checkpoint.kind";
+
+/// What a checkpoint holds, and so how it is restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A process tree dumped by CRIU on the node (`tessera restore`).
+    Process,
+    /// A containerd container's task dumped by runc, with the container's record in
+    /// the image config (`tessera run`).
+    Container,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Process => "process",
+            Kind::Container => "container",
+        }
+    }
+
+    /// The kind a checkpoint's manifest annotations say.
+    pub fn of(annotations: &BTreeMap<String, String>) -> Kind {
+        match annotations.get(KIND_ANNOTATION).map(String::as_str) {
+            Some("container") => Kind::Container,
+            _ => Kind::Process,
+        }
+    }
+}
+
+/// What is checkpointed.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A process tree on this node, by its root's pid: CRIU dumps it directly.
+    Process(u32),
+    /// Container `id`'s task in containerd: runc dumps it through containerd's task
+    /// API (runc's CRIU: the `--criu` its task was created with, else containerd's
+    /// `PATH`).
+    Container {
+        containerd: ContainerdAt,
+        id: String,
+    },
+}
+
+/// Where containerd is.
+#[derive(Debug, Clone)]
+pub struct ContainerdAt {
+    /// Its socket.
+    pub address: PathBuf,
+    pub namespace: String,
+}
 
 /// What to checkpoint and how.
 #[derive(Debug, Clone)]
 pub struct CheckpointOptions {
-    /// The root of the process tree.
-    pub pid: u32,
+    pub source: Source,
     /// Keep the tree running after the dump (else CRIU kills it once dumped).
     pub leave_running: bool,
     pub criu: Criu,
@@ -66,8 +126,9 @@ pub struct CheckpointOptions {
     pub build: BuildOptions,
     /// Scratch space for the dump and the built image (removed by the caller).
     pub work_dir: PathBuf,
-    /// The app image the process runs (`--for`): the checkpoint becomes a referrer of
-    /// its manifest for this node's platform, in its repository.
+    /// The app image the process runs (`--for`; a container's own image when not
+    /// given): the checkpoint becomes a referrer of its manifest for this node's
+    /// platform, in its repository.
     pub app: Option<Reference>,
     /// What the build references instead of storing again.
     pub chunk_dict: DictChoice,
@@ -94,6 +155,9 @@ pub struct CheckpointSummary {
     pub reference: String,
     /// The app image's manifest it is a referrer of (`--for`), pinned by digest.
     pub subject: Option<String>,
+    pub kind: Kind,
+    /// The container dumped (a container checkpoint).
+    pub container: Option<String>,
     /// The image the build took as its chunk dictionary, pinned by digest.
     pub chunk_dict: Option<String>,
     pub pid: u32,
@@ -121,11 +185,18 @@ pub struct CheckpointSummary {
 impl std::fmt::Display for CheckpointSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        writeln!(
-            f,
-            "checkpointed pid {} ({}) -> {}",
-            self.pid, self.process, self.target
-        )?;
+        match &self.container {
+            Some(id) => writeln!(
+                f,
+                "checkpointed container {id} (pid {}, {}) -> {}",
+                self.pid, self.process, self.target
+            )?,
+            None => writeln!(
+                f,
+                "checkpointed pid {} ({}) -> {}",
+                self.pid, self.process, self.target
+            )?,
+        }
         writeln!(f, "  digest     {}", self.digest)?;
         if let Some(subject) = &self.subject {
             writeln!(f, "  for        {subject}")?;
@@ -175,7 +246,7 @@ impl std::fmt::Display for CheckpointSummary {
 /// done before the dump (the app image, the chunk dictionary). If the dump stopped the
 /// tree and a later step fails, the dump is kept on disk and the error says where
 /// ([`Error::CheckpointNotPushed`]).
-#[tracing::instrument(skip_all, fields(pid = opts.pid))]
+#[tracing::instrument(skip_all, fields(source = ?opts.source))]
 pub async fn checkpoint(
     client: Arc<RegistryClient>,
     target: Option<&Reference>,
@@ -183,17 +254,43 @@ pub async fn checkpoint(
     progress: &ConvertProgress,
 ) -> Result<CheckpointSummary> {
     let started = Instant::now();
-    let target = push_target(target, opts.app.as_ref())?;
+    let (pid, container) = match &opts.source {
+        Source::Process(pid) => (*pid, None),
+        Source::Container { containerd, id } => {
+            let c = Containerd::connect(&containerd.address, &containerd.namespace).await?;
+            let record = c.container(id).await?;
+            let pid = c.task_pid(id).await?.ok_or_else(|| Error::Criu {
+                action: "dump".into(),
+                reason: format!("container {id} has no running task to checkpoint"),
+            })?;
+            (pid, Some((c, record)))
+        }
+    };
+    let app_ref = match (&opts.app, &container) {
+        (Some(app), _) => Some(app.clone()),
+        (None, Some((_, record))) => {
+            Some(Reference::parse(&record.image).map_err(|e| Error::Setting {
+                setting: "--for".into(),
+                problem: format!(
+                    "container {}'s image {:?} is not a registry reference ({e}): name the \
+                     app image with --for",
+                    record.id, record.image
+                ),
+            })?)
+        }
+        (None, None) => None,
+    };
+    let target = push_target(target, app_ref.as_ref())?;
     let node = NodeInfo::probe(&opts.criu)?;
-    let comm_path = PathBuf::from(format!("/proc/{}/comm", opts.pid));
+    let comm_path = PathBuf::from(format!("/proc/{pid}/comm"));
     let process = std::fs::read_to_string(&comm_path)
         .map_err(|e| Error::Criu {
             action: "dump".into(),
-            reason: format!("no process {} to checkpoint ({e})", opts.pid),
+            reason: format!("no process {pid} to checkpoint ({e})"),
         })?
         .trim()
         .to_string();
-    let app = match &opts.app {
+    let app = match &app_ref {
         Some(app) => {
             progress.set_phase(format!("resolve {app}"));
             Some(image::resolve_platform(&client, app, &Platform::host()).await?)
@@ -214,13 +311,30 @@ pub async fn checkpoint(
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     }
 
-    progress.set_phase(format!("dump pid {}", opts.pid));
     let t = Instant::now();
-    let (criu, pid, leave_running) = (opts.criu.clone(), opts.pid, opts.leave_running);
-    let (dump_dir, work) = (images.clone(), criu_work.clone());
-    tokio::task::spawn_blocking(move || criu.dump(pid, &dump_dir, &work, leave_running))
-        .await
-        .map_err(|e| task_failed("dump", e))??;
+    match &container {
+        None => {
+            progress.set_phase(format!("dump pid {pid}"));
+            let (criu, leave_running) = (opts.criu.clone(), opts.leave_running);
+            let (dump_dir, work) = (images.clone(), criu_work.clone());
+            tokio::task::spawn_blocking(move || criu.dump(pid, &dump_dir, &work, leave_running))
+                .await
+                .map_err(|e| task_failed("dump", e))??;
+        }
+        Some((c, record)) => {
+            progress.set_phase(format!("checkpoint container {}", record.id));
+            c.checkpoint_task(&record.id, &images, &criu_work, !opts.leave_running)
+                .await?;
+            // Beside CRIU's images, not in the metadata: the spec holds the command
+            // line and environment.
+            let file = images.join(CONTAINER_FILE);
+            let bytes = serde_json::to_vec_pretty(record).map_err(|e| Error::Criu {
+                action: "dump".into(),
+                reason: format!("serialise container {}'s record: {e}", record.id),
+            })?;
+            std::fs::write(&file, bytes).map_err(|e| Error::io("write", &file, e))?;
+        }
+    }
     let dump_seconds = t.elapsed().as_secs_f64();
     let (dumped_files, dumped_bytes) = dir_size(&images)?;
     tracing::info!(dumped_bytes, dumped_files, dump_seconds, "dumped");
@@ -231,6 +345,7 @@ pub async fn checkpoint(
         let t = Instant::now();
         let mut build_opts = opts.build.clone();
         build_opts.progress = Some(progress.build.clone());
+        build_opts.prefetch = restore_order(&images)?;
         build_opts.chunk_dict = dict.as_ref().map(|(_, dir)| ChunkDict {
             image_dir: dir.clone(),
             link_blobs: false,
@@ -248,13 +363,23 @@ pub async fn checkpoint(
 
         progress.set_phase(format!("push {target}"));
         let t = Instant::now();
-        let config = image_config(&node, opts, &process, dumped_bytes, &build)?;
+        let record = container.as_ref().map(|(_, record)| record);
+        let config = image_config(&node, opts, pid, &process, record, dumped_bytes, &build)?;
         let mut annotations: serde_json::Map<String, serde_json::Value> = node
             .annotations()
             .into_iter()
             .map(|(k, v)| (k, json!(v)))
             .collect();
-        annotations.insert(PID_ANNOTATION.into(), json!(opts.pid.to_string()));
+        let kind = if record.is_some() {
+            Kind::Container
+        } else {
+            Kind::Process
+        };
+        annotations.insert(KIND_ANNOTATION.into(), json!(kind.as_str()));
+        if kind == Kind::Process {
+            // A container's tree is restored in a pid namespace of its own.
+            annotations.insert(PID_ANNOTATION.into(), json!(pid.to_string()));
+        }
         annotations.insert(PROCESS_ANNOTATION.into(), json!(process));
         annotations.insert(
             app::CREATED_ANNOTATION.into(),
@@ -272,7 +397,7 @@ pub async fn checkpoint(
     };
     let (build, build_seconds, pushed, push_seconds) = match after_dump.await {
         Ok(done) => done,
-        Err(cause) if !opts.leave_running => return Err(keep_dump(opts.pid, &images, cause)),
+        Err(cause) if !opts.leave_running => return Err(keep_dump(pid, &images, cause)),
         Err(cause) => return Err(cause),
     };
     let reference = Reference {
@@ -285,8 +410,14 @@ pub async fn checkpoint(
         digest: pushed.digest,
         reference: reference.to_string(),
         subject: app.map(|a| a.reference.to_string()),
+        kind: if container.is_some() {
+            Kind::Container
+        } else {
+            Kind::Process
+        },
+        container: container.map(|(_, record)| record.id),
         chunk_dict: dict.map(|(image, _)| image.reference.to_string()),
-        pid: opts.pid,
+        pid,
         process,
         left_running: opts.leave_running,
         criu_version: node.criu.to_string(),
@@ -417,6 +548,21 @@ fn keep_dump(pid: u32, images: &Path, cause: Error) -> Error {
     }
 }
 
+/// The checkpoint's prefetch list: every file of the dump (`dir`), in the order a
+/// restore reads them — CRIU's small images first (the process tree, cores, memory
+/// maps, files), then the page data, the bulk. A restore's mount prefetches them so.
+fn restore_order(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))? {
+        let entry = entry.map_err(|e| Error::io("read", dir, e))?;
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_string());
+        }
+    }
+    names.sort_by_key(|n| (n.starts_with("pages-"), n.clone()));
+    Ok(names.into_iter().map(|n| format!("/{n}")).collect())
+}
+
 /// Regular files under `dir` (CRIU's images are flat) and their bytes.
 fn dir_size(dir: &Path) -> Result<(u64, u64)> {
     let (mut files, mut bytes) = (0, 0);
@@ -439,7 +585,9 @@ fn dir_size(dir: &Path) -> Result<(u64, u64)> {
 fn image_config(
     node: &NodeInfo,
     opts: &CheckpointOptions,
+    pid: u32,
     process: &str,
+    container: Option<&ContainerRecord>,
     dumped_bytes: u64,
     build: &BuildSummary,
 ) -> Result<Vec<u8>> {
@@ -458,8 +606,13 @@ fn image_config(
             "kernel": node.kernel,
             "cpu_model": node.cpu_model,
             "cpu_flags": node.cpu_flags,
-            "pid": opts.pid,
+            "pid": pid,
             "process": process,
+            "kind": if container.is_some() { Kind::Container } else { Kind::Process },
+            // The spec (command line, environment) is in the tree, not here.
+            "container": container.map(|c| json!({
+                "id": c.id, "image": c.image, "runtime": c.runtime, "file": CONTAINER_FILE,
+            })),
             "left_running": opts.leave_running,
             "dumped_bytes": dumped_bytes,
             "criu_extra_args": opts.criu.extra_args,
@@ -552,6 +705,7 @@ pub async fn restore(
     let img = image::resolve_platform(client, reference, &opts.platform).await?;
     let annotations = manifest_annotations(&img.raw.bytes);
     let node = NodeInfo::probe(&opts.criu)?;
+    check_kind(&reference.to_string(), &annotations, Kind::Process)?;
     let notes = node::check(&reference.to_string(), &annotations, &node)?;
     restore_checked(
         &img,
@@ -582,7 +736,9 @@ pub async fn restore_for(
     let mut rejected = Vec::new();
     for candidate in listed {
         let name = candidate.reference.to_string();
-        let notes = match node::check(&name, &candidate.annotations, &node) {
+        let checked = check_kind(&name, &candidate.annotations, Kind::Process)
+            .and_then(|()| node::check(&name, &candidate.annotations, &node));
+        let notes = match checked {
             Ok(notes) => notes,
             Err(e) => {
                 let reason = match e {
@@ -709,6 +865,27 @@ async fn restore_checked(
         mount_seconds,
         restore_seconds,
         seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Checkpoint `name` (its manifest's `annotations`) is of kind `want`, or an error
+/// that says which command restores it.
+pub fn check_kind(name: &str, annotations: &BTreeMap<String, String>, want: Kind) -> Result<()> {
+    let kind = Kind::of(annotations);
+    if kind == want {
+        return Ok(());
+    }
+    let command = match kind {
+        Kind::Process => "`tessera restore`",
+        Kind::Container => "`tessera run`",
+    };
+    Err(Error::CheckpointIncompatible {
+        image: name.to_string(),
+        reason: format!(
+            "it is a checkpoint of a {}, not of a {}: restore it with {command}",
+            kind.as_str(),
+            want.as_str()
+        ),
     })
 }
 

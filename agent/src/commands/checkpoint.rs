@@ -1,16 +1,23 @@
-//! `tessera checkpoint` and `tessera restore`: the command line around
+//! `tessera checkpoint`, `tessera restore` and `tessera run`: the command line around
 //! [`tessera_agent::checkpoint`] — flags, credentials, the progress line and the
 //! summaries.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use rafs_format::builder::BuildOptions;
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
-use tessera_agent::checkpoint::{self, CheckpointOptions, Criu, DictChoice, RestoreOptions};
-use tessera_agent::config::DEFAULT_SOCKET;
+use tessera_agent::checkpoint::ready::Probe;
+use tessera_agent::checkpoint::release::{self, Readiness};
+use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions};
+use tessera_agent::checkpoint::{
+    self, CheckpointOptions, ContainerdAt, Criu, DictChoice, RestoreOptions, Source,
+};
+use tessera_agent::config::{Prefetch, DEFAULT_SOCKET};
+use tessera_agent::containerd::SNAPSHOTTER;
 use tessera_agent::convert::ConvertProgress;
 use tessera_agent::registry::client::Credential;
 use tessera_agent::registry::credentials::parse_user_password;
@@ -47,17 +54,77 @@ impl CriuArgs {
     }
 }
 
+/// Where containerd is.
+#[derive(Debug, Args)]
+pub struct ContainerdArgs {
+    /// containerd's socket.
+    #[arg(
+        long,
+        env = "CONTAINERD_ADDRESS",
+        value_name = "SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: PathBuf,
+    /// containerd namespace (`ctr`'s default; the kubelet's is `k8s.io`).
+    #[arg(long, env = "CONTAINERD_NAMESPACE", default_value = "default")]
+    namespace: String,
+}
+
+impl ContainerdArgs {
+    fn at(&self) -> ContainerdAt {
+        ContainerdAt {
+            address: self.address.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CheckpointArgs {
-    /// The root process of the tree to checkpoint.
-    #[arg(long)]
-    pid: u32,
+    /// The root process of the tree to checkpoint (CRIU dumps it directly).
+    #[arg(long, required_unless_present_any = ["container", "boot"], conflicts_with_all = ["container", "boot"])]
+    pid: Option<u32>,
+    /// The containerd container to checkpoint (runc dumps its task through
+    /// containerd); --for defaults to its image.
+    #[arg(long, value_name = "ID", conflicts_with = "boot")]
+    container: Option<String>,
+    /// A release's checkpoint, as CI makes it: boot this app image in a container
+    /// of its own (on the Tessera snapshotter), wait until --ready succeeds,
+    /// checkpoint it as its referrer, remove the container.
+    #[arg(
+        long,
+        value_name = "APP_IMAGE",
+        requires = "ready",
+        conflicts_with = "app"
+    )]
+    boot: Option<Reference>,
+    /// With --boot: when the app is ready. `http://HOST:PORT/PATH` (a GET answered
+    /// 2xx or 3xx), `tcp://HOST:PORT` (a connection accepted) or `exec:COMMAND` (run
+    /// by `sh -c` on this node, exits 0). The container shares the node's network.
+    #[arg(long, value_name = "PROBE")]
+    ready: Option<Probe>,
+    /// With --boot: how long the app may take to become ready.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    ready_timeout: u64,
+    /// With --boot: how long to wait after the app became ready, before the
+    /// checkpoint (its own warm-up then lands in the checkpoint).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    settle: u64,
+    /// With --boot: the container's state directory (its output log).
+    #[arg(long, default_value = "/var/lib/tessera/run", value_name = "DIR")]
+    state_dir: PathBuf,
+    /// With --boot: the Tessera snapshotter's name in containerd's config.
+    #[arg(long, default_value = SNAPSHOTTER)]
+    snapshotter: String,
+    #[command(flatten)]
+    containerd: ContainerdArgs,
     /// Keep the process running after the dump (by default CRIU stops it).
     #[arg(long)]
     leave_running: bool,
-    /// Where to push the checkpoint (a tag). With --for it must be in the app image's
-    /// repository, and may be left out: the checkpoint is then pushed there untagged.
-    #[arg(required_unless_present = "app")]
+    /// Where to push the checkpoint (a tag). With --for (or --container) it must be in
+    /// the app image's repository, and may be left out: the checkpoint is then pushed
+    /// there untagged.
+    #[arg(required_unless_present_any = ["app", "container", "boot"])]
     target: Option<Reference>,
     /// The app image the process runs: the checkpoint is pushed as an OCI referrer of
     /// its manifest (this node's platform), where `tessera restore --for` finds it.
@@ -93,15 +160,34 @@ pub struct CheckpointArgs {
 }
 
 pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
-    let refs: Vec<&Reference> = [&args.target, &args.app, &args.chunk_dict]
+    let refs: Vec<&Reference> = [&args.target, &args.app, &args.chunk_dict, &args.boot]
         .into_iter()
         .flatten()
         .collect();
     let client = args.registry.client(&refs, args.dest_creds.as_ref())?;
     let work = scratch(&args.work_dir)?;
     let avg = args.chunk_size;
+    let boot_id = format!("tessera-checkpoint-{}", std::process::id());
+    let (source, what) = match (&args.pid, &args.container) {
+        (_, Some(id)) => (
+            Source::Container {
+                containerd: args.containerd.at(),
+                id: id.clone(),
+            },
+            format!("container {id}"),
+        ),
+        (Some(pid), None) => (Source::Process(*pid), format!("pid {pid}")),
+        (None, None) if args.boot.is_some() => (
+            Source::Container {
+                containerd: args.containerd.at(),
+                id: boot_id.clone(),
+            },
+            format!("container {boot_id}"),
+        ),
+        (None, None) => anyhow::bail!("give --pid PID, --container ID or --boot APP_IMAGE"),
+    };
     let opts = CheckpointOptions {
-        pid: args.pid,
+        source,
         leave_running: args.leave_running,
         criu: args.criu.criu(),
         build: BuildOptions {
@@ -132,8 +218,41 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
     let destination = match (&args.target, &args.app) {
         (Some(t), _) => t.to_string(),
         (None, Some(app)) => format!("the repository of {app}"),
-        (None, None) => "nowhere".into(),
+        (None, None) => "the repository of its image".into(),
     };
+    if let (Some(app), Some(probe)) = (&args.boot, &args.ready) {
+        anyhow::ensure!(
+            args.target.is_none(),
+            "with --boot the checkpoint goes beside the image, as its referrer: leave TARGET out"
+        );
+        let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or(p.clone());
+        let run = RunOptions {
+            containerd: args.containerd.at(),
+            snapshotter: args.snapshotter.clone(),
+            id: boot_id,
+            hostname: None,
+            restore: RestoreChoice::Never,
+            criu: args.criu.criu(),
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            platform: Platform::host(),
+            state_dir: absolute(&args.state_dir),
+            log: None,
+            prefetch: Prefetch::None,
+            lazy_pages: false,
+        };
+        let ready = Readiness {
+            probe: probe.clone(),
+            timeout: Duration::from_secs(args.ready_timeout),
+            settle: Duration::from_secs(args.settle),
+        };
+        let summary = runtime()?
+            .block_on(release::boot_and_checkpoint(
+                client, app, &run, &ready, &opts, &progress,
+            ))
+            .with_context(|| format!("boot {app}, wait until ready, checkpoint"))?;
+        drop(display);
+        return print_summary(&summary, args.json);
+    }
     let summary = runtime()?
         .block_on(checkpoint::checkpoint(
             client,
@@ -141,7 +260,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             &opts,
             &progress,
         ))
-        .with_context(|| format!("checkpoint pid {} to {destination}", args.pid))?;
+        .with_context(|| format!("checkpoint {what} to {destination}"))?;
     drop(display);
     print_summary(&summary, args.json)
 }
@@ -198,6 +317,104 @@ pub fn restore(args: RestoreArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give a checkpoint REF or --for APP_IMAGE"),
     };
     print_summary(&summary, args.json)
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The app image: a Tessera image (converted or indexed); its checkpoints are its
+    /// referrers (`tessera checkpoint --container ID`).
+    image: Reference,
+    /// The new container's id.
+    id: String,
+    /// Its hostname [default: its id]. A restored container gets it too: it is a
+    /// clone, not a copy of the one checkpointed.
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Boot, whatever checkpoints the image has.
+    #[arg(long, conflicts_with = "checkpoint")]
+    boot: bool,
+    /// Restore this checkpoint instead of the image's newest (booting if this node
+    /// cannot restore it).
+    #[arg(long, value_name = "REF")]
+    checkpoint: Option<Reference>,
+    #[command(flatten)]
+    containerd: ContainerdArgs,
+    /// The Tessera snapshotter's name in containerd's config.
+    #[arg(long, default_value = SNAPSHOTTER)]
+    snapshotter: String,
+    #[command(flatten)]
+    criu: CriuArgs,
+    /// The agent's socket: the agent mounts the checkpoint lazily.
+    #[arg(long, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
+    /// Where each container's CRIU config and logs, and by default its output, are
+    /// kept while it runs.
+    #[arg(long, default_value = "/var/lib/tessera/run", value_name = "DIR")]
+    state_dir: PathBuf,
+    /// The container's output (appended) [default: in --state-dir].
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// How the agent prefetches a checkpoint it mounts: `all` fetches every chunk
+    /// ahead of CRIU (which reads them all), many at once; `none` only what CRIU reads,
+    /// as it reads.
+    #[arg(long, value_enum, default_value = "all")]
+    prefetch: RestorePrefetch,
+    /// CRIU's lazy pages (userfaultfd): the restored app runs before its memory has
+    /// arrived; `criu lazy-pages` serves its page faults from the checkpoint's mount
+    /// and sends the rest after (this command returns once it has).
+    #[arg(long)]
+    lazy_pages: bool,
+    /// Registry credentials, `USER:PASSWORD` (else the credentials file); the agent
+    /// uses its own for the mounts.
+    #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
+    creds: Option<Credential>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let refs: Vec<&Reference> = [Some(&args.image), args.checkpoint.as_ref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let client = args.registry.client(&refs, args.creds.as_ref())?;
+    let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or(p.clone());
+    let opts = RunOptions {
+        containerd: args.containerd.at(),
+        snapshotter: args.snapshotter.clone(),
+        id: args.id.clone(),
+        hostname: args.hostname.clone(),
+        restore: match (&args.checkpoint, args.boot) {
+            (Some(r), _) => RestoreChoice::Checkpoint(r.clone()),
+            (None, true) => RestoreChoice::Never,
+            (None, false) => RestoreChoice::Newest,
+        },
+        criu: args.criu.criu(),
+        // The agent and containerd's shim are told absolute paths: they run elsewhere.
+        socket: absolute(&args.socket),
+        platform: Platform::host(),
+        state_dir: absolute(&args.state_dir),
+        log: args.log.as_ref().map(absolute),
+        prefetch: match args.prefetch {
+            RestorePrefetch::All => Prefetch::All,
+            RestorePrefetch::None => Prefetch::None,
+        },
+        lazy_pages: args.lazy_pages,
+    };
+    let summary = runtime()?
+        .block_on(checkpoint::run::run(&client, &args.image, &opts))
+        .with_context(|| format!("run {} as container {}", args.image, args.id))?;
+    print_summary(&summary, args.json)
+}
+
+/// `tessera run --prefetch`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RestorePrefetch {
+    All,
+    None,
 }
 
 fn scratch(dir: &Option<PathBuf>) -> Result<tempfile::TempDir> {

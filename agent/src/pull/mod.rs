@@ -14,8 +14,6 @@
 //!
 //! A module beside `snapshotter` (same layer): it writes the labels that module reads.
 
-mod client;
-
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -24,13 +22,13 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tessera_proto::containerd::types::Descriptor;
 
+use crate::containerd::{Containerd, Prepared};
 use crate::registry::client::RegistryClient;
 use crate::registry::image::{self as registry_image, PlatformImage};
 use crate::registry::reference::{Platform, Reference};
 use crate::snapshotter::remote::{IMAGE_REF_LABEL, LAYER_LABEL, MANIFEST_LABEL};
 use crate::snapshotter::TARGET_LABEL;
 use crate::{Error, Result};
-use client::{Containerd, Prepared};
 
 /// Where and how to pull.
 #[derive(Debug, Clone)]

@@ -490,6 +490,35 @@ pub fn build_files_image_with(
     executables: &[&str],
     process: serde_json::Value,
 ) -> String {
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    let mut dirs = Vec::new();
+    for (i, files) in layers.iter().enumerate() {
+        let src = scratch.path().join(format!("layer-{i}"));
+        fs::create_dir_all(&src).expect("create layer dir");
+        for (path, bytes) in files {
+            let p = src.join(path);
+            fs::create_dir_all(p.parent().expect("parent")).expect("create dirs");
+            fs::write(&p, bytes).expect("write file");
+            if executables.contains(path) {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
+            }
+        }
+        dirs.push(src);
+    }
+    let dirs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+    build_dirs_image(layout, arch, &dirs, process)
+}
+
+/// Writes an image into an OCI layout at `layout` (tag [`TAG`]) whose layers are the
+/// trees at `layers` (one gzip tar each, as they are: modes, links), with `process` as
+/// the config's `config` object. Returns the manifest's digest.
+pub fn build_dirs_image(
+    layout: &Path,
+    arch: &str,
+    layers: &[&Path],
+    process: serde_json::Value,
+) -> String {
     for tool in ["tar", "gzip"] {
         require_tool(tool);
     }
@@ -503,22 +532,12 @@ pub fn build_files_image_with(
     let scratch = tempfile::tempdir().expect("scratch dir");
     let mut diff_ids = Vec::new();
     let mut descriptors = Vec::new();
-    for (i, files) in layers.iter().enumerate() {
-        let src = scratch.path().join(format!("layer-{i}"));
-        for (path, bytes) in files {
-            let p = src.join(path);
-            fs::create_dir_all(p.parent().expect("parent")).expect("create dirs");
-            fs::write(&p, bytes).expect("write file");
-            if executables.contains(path) {
-                use std::os::unix::fs::PermissionsExt;
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).expect("chmod");
-            }
-        }
+    for (i, src) in layers.iter().enumerate() {
         let tar_path = scratch.path().join(format!("layer-{i}.tar"));
         run(Command::new("tar")
             .args(["--numeric-owner", "--owner=0", "--group=0", "--sort=name"])
             .args(["--mtime=@1700000000", "-C"])
-            .arg(&src)
+            .arg(src)
             .arg("-cf")
             .arg(&tar_path)
             .arg("."));

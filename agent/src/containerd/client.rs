@@ -1,5 +1,6 @@
 //! A client of containerd's own gRPC services on its socket (v1.6 API): content,
-//! images, leases and snapshots, as containerd's Go client calls them. Every call
+//! images, leases and snapshots, as containerd's Go client calls them (containers and
+//! tasks are in [`super::tasks`]). Every call
 //! carries the namespace (`containerd-namespace`) and, once one is held, the lease
 //! (`containerd-lease`) under which what it creates is kept from the garbage collector.
 
@@ -33,12 +34,12 @@ const WRITE_PIECE: usize = 1 << 20;
 #[derive(Debug)]
 pub struct Containerd {
     /// The socket, for messages.
-    address: PathBuf,
+    pub(super) address: PathBuf,
     /// `containerd-namespace` on every call.
     namespace: AsciiMetadataValue,
     /// `containerd-lease` on every call once [`Containerd::lease`] made one.
     lease: Option<(String, AsciiMetadataValue)>,
-    channel: Channel,
+    pub(super) channel: Channel,
 }
 
 /// The outcome of preparing a layer's snapshot.
@@ -88,7 +89,7 @@ impl Containerd {
     }
 
     /// A request with the namespace and the lease.
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    pub(super) fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         self.headers(request.metadata_mut());
         request
@@ -101,7 +102,7 @@ impl Containerd {
         }
     }
 
-    fn error(&self, what: impl Into<String>, status: &Status) -> Error {
+    pub(super) fn error(&self, what: impl Into<String>, status: &Status) -> Error {
         Error::Containerd {
             address: self.address.clone(),
             what: what.into(),

@@ -1,0 +1,116 @@
+//! `tessera checkpoint --boot APP_IMAGE --ready PROBE`: a release's checkpoint, made in
+//! CI. The app image is booted in a container of its own (as `tessera run --boot`),
+//! the probe is tried until the app is ready, the container is checkpointed through
+//! containerd and pushed as a referrer of the image, and the container is removed.
+//! Nodes that `tessera run` the image from then on restore it instead of booting.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::ready::Probe;
+use super::run::{self, RestoreChoice, RunOptions, RunSummary};
+use super::{checkpoint, CheckpointOptions, CheckpointSummary, Source};
+use crate::containerd::Containerd;
+use crate::convert::ConvertProgress;
+use crate::registry::client::RegistryClient;
+use crate::registry::reference::Reference;
+use crate::Result;
+
+/// When the booted app is ready to be checkpointed.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    pub probe: Probe,
+    /// How long the boot may take to become ready.
+    pub timeout: Duration,
+    /// Waited after the probe first succeeded: the app's own warm-up (caches it
+    /// fills after answering) then lands in the checkpoint.
+    pub settle: Duration,
+}
+
+/// What `tessera checkpoint --boot` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReleaseSummary {
+    pub boot: RunSummary,
+    /// From the container's start to the probe's first success.
+    pub ready_seconds: f64,
+    pub probe: String,
+    pub checkpoint: CheckpointSummary,
+}
+
+impl std::fmt::Display for ReleaseSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "booted {} as container {}; ready after {:.2} s ({})",
+            self.boot.image, self.boot.container, self.ready_seconds, self.probe
+        )?;
+        write!(f, "{}", self.checkpoint)
+    }
+}
+
+/// Boots `app` as `run.id`, waits for `ready`, checkpoints it with `ckpt` (its source
+/// and app image are set here) and removes the container, whatever happened.
+#[tracing::instrument(skip_all, fields(image = %app, container = %run.id))]
+pub async fn boot_and_checkpoint(
+    client: Arc<RegistryClient>,
+    app: &Reference,
+    run: &RunOptions,
+    ready: &Readiness,
+    ckpt: &CheckpointOptions,
+    progress: &ConvertProgress,
+) -> Result<ReleaseSummary> {
+    let run = RunOptions {
+        restore: RestoreChoice::Never,
+        ..run.clone()
+    };
+    progress.set_phase(format!("boot {app}"));
+    let boot = run::run(&client, app, &run).await?;
+    let containerd =
+        Containerd::connect(&run.containerd.address, &run.containerd.namespace).await?;
+    let made = async {
+        progress.set_phase(format!("wait until ready: {}", ready.probe));
+        let started = Instant::now();
+        let id = run.id.clone();
+        let log = boot.log.clone();
+        ready
+            .probe
+            .wait(ready.timeout, async || {
+                match containerd.task_pid(&id).await {
+                    Ok(Some(_)) => Ok(()),
+                    Ok(None) => Err(format!(
+                        "container {id} exited before it was ready; its output is in {}",
+                        log.display()
+                    )),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await?;
+        let ready_seconds = started.elapsed().as_secs_f64();
+        tokio::time::sleep(ready.settle).await;
+        let opts = CheckpointOptions {
+            source: Source::Container {
+                containerd: run.containerd.clone(),
+                id: run.id.clone(),
+            },
+            leave_running: false,
+            app: Some(app.clone()),
+            ..ckpt.clone()
+        };
+        let checkpoint = checkpoint(client.clone(), None, &opts, progress).await?;
+        Ok::<_, crate::Error>((ready_seconds, checkpoint))
+    }
+    .await;
+    let removed = containerd
+        .remove_container(&run.id, &run.snapshotter, &run.id)
+        .await;
+    let (ready_seconds, checkpoint) = made?;
+    removed?;
+    Ok(ReleaseSummary {
+        boot,
+        ready_seconds,
+        probe: ready.probe.to_string(),
+        checkpoint,
+    })
+}
