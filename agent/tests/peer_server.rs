@@ -43,6 +43,7 @@ fn request(keys: &[&ChunkKey]) -> pb::FetchChunksRequest {
         digest_algorithm: "sha256".into(),
         digests: keys.iter().map(|k| k.digest.to_vec()).collect(),
         accept_encodings: Vec::new(),
+        access: None,
     }
 }
 
@@ -97,6 +98,7 @@ fn peers_get_verified_chunks_within_limits() {
                     digest_algorithm: "md5".into(),
                     digests: vec![vec![0; 32]],
                     accept_encodings: Vec::new(),
+                    access: None,
                 })
                 .await
                 .unwrap_err();

@@ -495,6 +495,63 @@ pub struct FetchChunks {
     pub digests: Vec<[u8; 32]>,
     /// The requester decodes zstd-encoded chunks.
     pub accepts_zstd: bool,
+    /// Its proof of pull access, for chunks of a restricted image.
+    pub access: Option<ChunkAccess>,
+}
+
+/// A requester's proof that it read manifests naming `blob` (`pb::ChunkAccess`): each
+/// proof an HMAC only a holder of that manifest's bytes can make. Checked for shape
+/// here; whether the proofs are true only the serving peer can tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkAccess {
+    pub requester: HostId,
+    pub blob: BlobDigest,
+    pub proofs: Vec<AccessProof>,
+}
+
+/// One manifest's proof.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessProof {
+    /// The manifest's digest (`sha256:…`).
+    pub manifest: BlobDigest,
+    pub proof: [u8; 32],
+}
+
+/// Most proofs one request may carry (each costs the peer an HMAC).
+pub const MAX_ACCESS_PROOFS: usize = 16;
+
+impl TryFrom<pb::ChunkAccess> for ChunkAccess {
+    type Error = Invalid;
+    fn try_from(a: pb::ChunkAccess) -> Result<Self, Invalid> {
+        if a.proofs.is_empty() || a.proofs.len() > MAX_ACCESS_PROOFS {
+            return Err(Invalid::new(
+                "access.proofs",
+                format!("{} proofs; 1..={MAX_ACCESS_PROOFS} allowed", a.proofs.len()),
+            ));
+        }
+        let proofs = a
+            .proofs
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let field = format!("access.proofs[{i}]");
+                Ok(AccessProof {
+                    manifest: BlobDigest::parse(&format!("{field}.manifest"), p.manifest)?,
+                    proof: <[u8; 32]>::try_from(p.proof.as_slice()).map_err(|_| {
+                        Invalid::new(
+                            format!("{field}.proof"),
+                            format!("{} bytes, not 32", p.proof.len()),
+                        )
+                    })?,
+                })
+            })
+            .collect::<Result<Vec<_>, Invalid>>()?;
+        Ok(ChunkAccess {
+            requester: HostId::parse("access.requester", a.requester)?,
+            blob: BlobDigest::parse("access.blob", a.blob)?,
+            proofs,
+        })
+    }
 }
 
 /// How chunk digests are computed.
@@ -544,10 +601,12 @@ impl TryFrom<pb::FetchChunksRequest> for FetchChunks {
             .collect::<Result<Vec<_>, _>>()?;
         // Encodings it does not know are ignored: it gets plain bytes.
         let accepts_zstd = f.accept_encodings.iter().any(|e| e == "zstd");
+        let access = f.access.map(ChunkAccess::try_from).transpose()?;
         Ok(FetchChunks {
             algorithm,
             digests,
             accepts_zstd,
+            access,
         })
     }
 }
@@ -670,6 +729,7 @@ mod tests {
                 digest_algorithm: "sha256".into(),
                 digests: vec![vec![0; 32]],
                 accept_encodings: accept.iter().map(|s| s.to_string()).collect(),
+                access: None,
             })
             .unwrap()
             .accepts_zstd
@@ -857,6 +917,7 @@ mod tests {
             accept_encodings: Vec::new(),
             digest_algorithm: "blake3".into(),
             digests: vec![vec![7; 32]],
+            access: None,
         })
         .unwrap();
         assert_eq!(ok.algorithm, DigestAlgorithm::Blake3);
@@ -866,6 +927,7 @@ mod tests {
                     accept_encodings: Vec::new(),
                     digest_algorithm: "md5".into(),
                     digests: vec![vec![0; 32]],
+                    access: None,
                 },
                 "digest_algorithm",
             ),
@@ -874,6 +936,7 @@ mod tests {
                     accept_encodings: Vec::new(),
                     digest_algorithm: "sha256".into(),
                     digests: vec![],
+                    access: None,
                 },
                 "digests",
             ),
@@ -882,11 +945,78 @@ mod tests {
                     accept_encodings: Vec::new(),
                     digest_algorithm: "sha256".into(),
                     digests: vec![vec![0; 32], vec![0; 31]],
+                    access: None,
                 },
                 "digests[1]",
             ),
         ] {
             assert_eq!(FetchChunks::try_from(req).unwrap_err().field, field);
+        }
+        let proof = |manifest: String, len: usize| pb::AccessProof {
+            manifest,
+            proof: vec![1; len],
+        };
+        let with = |access: pb::ChunkAccess| {
+            FetchChunks::try_from(pb::FetchChunksRequest {
+                accept_encodings: Vec::new(),
+                digest_algorithm: "sha256".into(),
+                digests: vec![vec![0; 32]],
+                access: Some(access),
+            })
+        };
+        let good = pb::ChunkAccess {
+            requester: "node-b".into(),
+            blob: digest('b'),
+            proofs: vec![proof(digest('d'), 32)],
+        };
+        let checked = with(good.clone()).unwrap().access.unwrap();
+        assert_eq!(checked.requester.0, "node-b");
+        assert_eq!(checked.proofs[0].proof, [1; 32]);
+        for (access, field) in [
+            (
+                pb::ChunkAccess {
+                    proofs: vec![],
+                    ..good.clone()
+                },
+                "access.proofs",
+            ),
+            (
+                pb::ChunkAccess {
+                    proofs: vec![proof(digest('d'), 32); MAX_ACCESS_PROOFS + 1],
+                    ..good.clone()
+                },
+                "access.proofs",
+            ),
+            (
+                pb::ChunkAccess {
+                    proofs: vec![proof(digest('d'), 32), proof(digest('d'), 31)],
+                    ..good.clone()
+                },
+                "access.proofs[1].proof",
+            ),
+            (
+                pb::ChunkAccess {
+                    proofs: vec![proof("md5:00".into(), 32)],
+                    ..good.clone()
+                },
+                "access.proofs[0].manifest",
+            ),
+            (
+                pb::ChunkAccess {
+                    requester: String::new(),
+                    ..good.clone()
+                },
+                "access.requester",
+            ),
+            (
+                pb::ChunkAccess {
+                    blob: "sha256:ab".into(),
+                    ..good.clone()
+                },
+                "access.blob",
+            ),
+        ] {
+            assert_eq!(with(access).unwrap_err().field, field);
         }
         let e = FindPeers::try_from(pb::FindPeersRequest {
             host_id: "h".into(),

@@ -66,7 +66,16 @@ impl Collector for AgentCollector {
             .network
             .as_ref()
             .map_or(0, |n| n.server().sent_bytes());
+        let refused = agent
+            .network
+            .as_ref()
+            .map_or(0, |n| n.server().refused_requests());
         let counters = counters.into_iter().chain([
+            (
+                "tessera_agent_peer_requests_refused",
+                "Peers' requests for chunks of a restricted image (private repository, checkpoint) refused for lack of a proof of access",
+                refused,
+            ),
             (
                 "tessera_agent_peer_upload_bytes",
                 "Chunk bytes handed to peers' streams (uncompressed)",

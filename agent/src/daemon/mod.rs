@@ -47,7 +47,7 @@ use crate::config::{AgentConfig, CompressUploads, P2pConfig};
 use crate::fetch::{FetchMetrics, Fetcher};
 use crate::mirror::Mirror;
 use crate::peer::preheat::PreheatSender;
-use crate::peer::{Network, PeerServer, UploadLimits};
+use crate::peer::{Network, PeerAccess, PeerServer, UploadLimits};
 use crate::registry::client::RegistryClient;
 use crate::{Error, Result};
 use connections::Connections;
@@ -70,6 +70,9 @@ pub struct Agent {
     mounts: Mutex<HashMap<PathBuf, Arc<Mount>>>,
     /// Where fetched bootstraps are kept, by layer digest.
     bootstrap_dir: PathBuf,
+    /// The access keys of the restricted images mounted here (private repositories,
+    /// checkpoints): the peer service's check, and this node's proofs to peers.
+    access: Arc<PeerAccess>,
     /// This agent's mark in its mounts' source, to find them after a crash.
     owner: String,
     started: std::time::Instant,
@@ -83,11 +86,13 @@ pub struct Agent {
 
 /// Starts serving peers from `cache` on `listener` (bound to `p2p.peer_listen`) and
 /// joins the swarm; the preheat jobs the scheduler hands out go to `preheat_tasks`.
+#[allow(clippy::too_many_arguments)]
 fn join_swarm(
     p2p: &P2pConfig,
     connections: &Connections,
     cache: Arc<ChunkCache>,
     tables: Arc<PieceTables>,
+    access: Arc<PeerAccess>,
     preheat_tasks: PreheatSender,
     listener: tokio::net::TcpListener,
 ) -> Result<(Arc<Network>, Vec<tokio::task::JoinHandle<()>>)> {
@@ -115,6 +120,11 @@ fn join_swarm(
         },
     )
     .with_piece_tables(tables);
+    let host_id = crate::peer::network::host_id_of(p2p).ok_or_else(|| Error::Setting {
+        setting: "p2p.advertise".into(),
+        problem: "set it to the ip:port peers reach this node at".into(),
+    })?;
+    let server = server.with_access(access, &host_id);
     let tls = crate::peer::network::tls_server(p2p)?;
     let network = Network::new(p2p, server.clone(), preheat_tasks)?;
     // Chunks the cache drops are announced as dropped, so peers stop being sent here
@@ -195,6 +205,10 @@ impl Agent {
             "connection limits"
         );
         let tables = Arc::new(PieceTables::open(&config.cache_dir.join("pieces"))?);
+        // Root-only, beside the cache it protects (which outlives any one agent).
+        let access = Arc::new(PeerAccess::open(&config.cache_dir.join("access"), |k| {
+            cache.contains(k)
+        })?);
         let mut background = Vec::new();
         let mut preheat_jobs = None;
         if config.p2p.active() {
@@ -208,6 +222,7 @@ impl Agent {
                 &connections,
                 cache.clone(),
                 tables.clone(),
+                access.clone(),
                 sender,
                 listener,
             )?;
@@ -236,6 +251,7 @@ impl Agent {
             runtime: tokio::runtime::Handle::current(),
             mounts: Mutex::new(HashMap::new()),
             bootstrap_dir,
+            access,
             owner,
             started: std::time::Instant::now(),
             background: Mutex::new(background),

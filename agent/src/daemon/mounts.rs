@@ -18,6 +18,7 @@ use crate::config::Prefetch;
 use crate::fetch::{ImageChunks, RegistryOrigin};
 use crate::fs::handover::Attach;
 use crate::fs::MountOptions;
+use crate::peer::access;
 use crate::registry::image::{self as registry_image, Layers};
 use crate::registry::reference::{Platform, Reference};
 use crate::{Error, Result};
@@ -183,8 +184,12 @@ impl Agent {
             Some(p) => p.parse::<Platform>().map_err(Error::Agent)?,
             None => Platform::host(),
         };
+        // The manifest comes from the registry at every mount, with this node's
+        // credentials: a node that lost them gets the registry's refusal, whatever its
+        // cache holds (the bootstrap and chunks below are only ever used after it).
         let resolved = registry_image::resolve_platform(&self.client, reference, &platform).await?;
         let bootstrap = Arc::new(self.bootstrap_for(&resolved, layers).await?);
+        self.protect(&resolved, &bootstrap).await?;
         let origin = Arc::new(RegistryOrigin {
             client: self.client.clone(),
             reference: resolved.reference.clone(),
@@ -200,6 +205,48 @@ impl Agent {
             tokio::task::spawn_blocking(move || chunks.announce_stored(store.as_ref(), &network));
         }
         Ok((resolved, chunks))
+    }
+
+    /// Registers a restricted image (a private repository's, or a checkpoint) with the
+    /// peer service's access keys, on disk, before any of its chunks can be fetched:
+    /// peers get them only with a proof made from its manifest (`peer::access`).
+    async fn protect(
+        &self,
+        image: &registry_image::PlatformImage,
+        bootstrap: &Arc<Bootstrap>,
+    ) -> Result<()> {
+        let credentials = self.client.used_credentials(&image.reference);
+        if !access::is_restricted(credentials, &image.manifest) {
+            return Ok(());
+        }
+        let blobs = bootstrap.blobs()?;
+        let mut chunks: Vec<Vec<[u8; 32]>> = vec![Vec::new(); blobs.len()];
+        for c in 0..bootstrap.chunk_count() {
+            let info = bootstrap.chunk(c)?;
+            if let Some(list) = chunks.get_mut(info.blob_index as usize) {
+                list.push(info.digest);
+            }
+        }
+        let grant = access::Grant {
+            manifest: image.raw.digest.clone(),
+            repository: format!(
+                "{}/{}",
+                image.reference.registry, image.reference.repository
+            ),
+            key: access::AccessKey::of_manifest(&image.raw.bytes),
+            algo: bootstrap.digest_algo(),
+            blobs: blobs.iter().map(|b| b.oci_digest()).zip(chunks).collect(),
+        };
+        let store = self.access.clone();
+        crate::fetch::blocking(move || store.grant(&grant))
+            .await
+            .map_err(|e| Error::Agent(format!("record peer access: {e}")))??;
+        tracing::debug!(
+            manifest = %image.raw.digest,
+            checkpoint = access::is_checkpoint(&image.manifest),
+            "a restricted image: peers get its chunks only with a proof of access"
+        );
+        Ok(())
     }
 
     /// The image's bootstrap (its own, or its index's for a plain image): from the

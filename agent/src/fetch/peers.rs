@@ -288,6 +288,13 @@ impl Fetcher {
                     Some(PeerFailure::Busy) => {
                         abandoned.insert(slice.peer.id.clone());
                     }
+                    // This node could not prove access to a restricted image: the next
+                    // peer, or the origin (which asks the registry), as for a failure,
+                    // but nothing went wrong with the peer.
+                    Some(PeerFailure::Refused) => {
+                        round.only_busy = false;
+                        abandoned.insert(slice.peer.id.clone());
+                    }
                     Some(failure) => {
                         round.only_busy = false;
                         abandoned.insert(slice.peer.id.clone());
@@ -341,7 +348,7 @@ impl Fetcher {
         // the disk.
         let mut checks: VecDeque<(usize, Check)> = VecDeque::new();
         let mut taken: HashSet<usize> = HashSet::new();
-        match peers.open(&peer, algo, digests).await {
+        match peers.open(&peer, blob, algo, digests).await {
             Err(f) => failure = Some(f),
             Ok(mut stream) => loop {
                 let chunk = match tokio::time::timeout(stall, stream.next()).await {
@@ -433,6 +440,9 @@ impl Fetcher {
         }
         match failure {
             Some(PeerFailure::Busy) => {}
+            Some(PeerFailure::Refused) => {
+                tracing::debug!(peer = %peer.id.0, blob, "a peer refused chunks of a restricted image: no proof of access it accepts");
+            }
             Some(f) => {
                 tracing::warn!(peer = %peer.id.0, address = %peer.address, failure = ?f, "abandoned a peer for this run");
                 peers.report(

@@ -49,11 +49,14 @@ pub trait Peers: Send + Sync {
     /// Who holds `[start, end)` of `blob`. `None`: no usable answer (the origin, then).
     fn find<'a>(&'a self, blob: &'a str, range: (u64, u64)) -> BoxFuture<'a, Option<PeerChoice>>;
 
-    /// Opens a stream of the units `digests` from `peer`: it sends them in request
-    /// order, skipping what it lacks.
+    /// Opens a stream of the units `digests` of `blob` from `peer`: it sends them in
+    /// request order, skipping what it lacks (or refuses them all,
+    /// [`PeerFailure::Refused`], when they are a restricted image's and this node
+    /// cannot prove access to it).
     fn open<'a>(
         &'a self,
         peer: &'a Peer,
+        blob: &'a str,
         algo: DigestAlgo,
         digests: Vec<[u8; 32]>,
     ) -> BoxFuture<'a, std::result::Result<Box<dyn PeerStream>, PeerFailure>>;
@@ -181,11 +184,12 @@ impl Peers for Network {
     fn open<'a>(
         &'a self,
         peer: &'a Peer,
+        blob: &'a str,
         algo: DigestAlgo,
         digests: Vec<[u8; 32]>,
     ) -> BoxFuture<'a, std::result::Result<Box<dyn PeerStream>, PeerFailure>> {
         Box::pin(async move {
-            let stream = self.fetch_chunks(peer, algo, digests).await?;
+            let stream = self.fetch_chunks(peer, blob, algo, digests).await?;
             Ok(Box::new(GrpcChunks(stream)) as Box<dyn PeerStream>)
         })
     }

@@ -132,6 +132,8 @@ enum Behaviour {
     ServesOnly(u32),
     /// Serves every unit zstd-compressed.
     ServesZstd,
+    /// Refuses units of a restricted image this node cannot prove access to.
+    Refuses,
 }
 
 struct FakePeers {
@@ -225,6 +227,7 @@ impl Peers for FakePeers {
     fn open<'a>(
         &'a self,
         peer: &'a Peer,
+        _blob: &'a str,
         _algo: DigestAlgo,
         digests: Vec<[u8; 32]>,
     ) -> BoxFuture<'a, std::result::Result<Box<dyn PeerStream>, PeerFailure>> {
@@ -289,6 +292,7 @@ impl Peers for FakePeers {
                 },
                 Behaviour::BusyFor(_) => return Err(PeerFailure::Busy),
                 Behaviour::Fails => return Err(PeerFailure::Connection),
+                Behaviour::Refuses => return Err(PeerFailure::Refused),
                 Behaviour::Stalls => FakeStream {
                     items: VecDeque::new(),
                     stalls: true,
@@ -830,6 +834,35 @@ async fn failing_peers_leave_the_unit_to_the_origin() {
     assert_eq!(bed.wanted.count(Event::FetchFailed(Source::Peer)), 2);
     // The origin transfer is reported for the scheduler's account.
     assert_eq!(peers.outcomes(None), [pb::Outcome::Ok]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_refusing_a_private_image_sends_the_read_on_without_blame() {
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![peer(1), peer(2)])],
+        &[(1, Behaviour::Refuses), (2, Behaviour::Refuses)],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    assert_eq!(data(bed.get(5).await), unit_bytes(5));
+    bed.settle().await;
+    assert_eq!(bed.origin.ranges(), [(5000, 6000)]);
+    // Not the peers' fault: neither reported to the scheduler nor counted as failures.
+    assert!(peers.outcomes(Some(1)).is_empty());
+    assert!(peers.outcomes(Some(2)).is_empty());
+    assert_eq!(bed.wanted.count(Event::FetchFailed(Source::Peer)), 0);
+
+    // One refuses, the next serves.
+    let peers = swarm(
+        vec![PeerChoice::Peers(vec![peer(1), peer(2)])],
+        &[(1, Behaviour::Refuses), (2, Behaviour::Serves)],
+    );
+    let bed = Bed::new(8, 1, FakeOrigin::new(8), Some(peers.clone()));
+    let got = bed.get(3).await.unwrap();
+    assert_eq!(
+        (*got.data == unit_bytes(3), got.source),
+        (true, Source::Peer)
+    );
+    assert!(bed.origin.ranges().is_empty());
 }
 
 #[tokio::test(start_paused = true)]

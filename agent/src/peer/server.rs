@@ -2,7 +2,8 @@
 //! cache. Only verified data is ever served — the cache holds nothing else and
 //! re-verifies on read — and the requester verifies again on arrival, trusting no peer.
 //! Uploads are bounded in number and in bandwidth so serving peers never starves the
-//! node's own workloads.
+//! node's own workloads. Chunks of restricted images (private repositories,
+//! checkpoints) go only to requests that prove pull access ([`super::access`]).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::access::PeerAccess;
 use crate::cache::pieces::PieceTables;
 use crate::cache::{ChunkCache, ChunkKey};
 
@@ -56,6 +58,9 @@ pub struct PeerServer {
     sent: Arc<AtomicU64>,
     /// The registry mirror's piece tables of blobs verified whole here.
     tables: Option<Arc<PieceTables>>,
+    /// The access keys of restricted images, and this node's host id (what requesters'
+    /// proofs name as the server); `None`: every chunk is served (tests).
+    access: Option<(Arc<PeerAccess>, Arc<str>)>,
 }
 
 impl PeerServer {
@@ -68,7 +73,25 @@ impl PeerServer {
             uploaded: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
             tables: None,
+            access: None,
         }
+    }
+
+    /// Serves chunks of restricted images only to requests proving access with a key
+    /// in `access`, made for this node as `host_id` (its id in the swarm).
+    pub fn with_access(mut self, access: Arc<PeerAccess>, host_id: &str) -> Self {
+        self.access = Some((access, Arc::from(host_id)));
+        self
+    }
+
+    /// The access keys of the restricted images this node mounted, if it checks them.
+    pub fn access(&self) -> Option<&Arc<PeerAccess>> {
+        self.access.as_ref().map(|(a, _)| a)
+    }
+
+    /// Requests refused for lack of a proof of access since start.
+    pub fn refused_requests(&self) -> u64 {
+        self.access.as_ref().map_or(0, |(a, _)| a.refused())
     }
 
     /// Also answers for the mirror's piece tables.
@@ -156,13 +179,32 @@ impl pb::peer_service_server::PeerService for PeerServer {
         request: Request<pb::FetchChunksRequest>,
     ) -> Result<Response<Self::FetchChunksStream>, Status> {
         let wanted = FetchChunks::try_from(request.into_inner())?;
-        let permit = self.uploads.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted("this peer is serving its maximum of uploads")
-        })?;
         let algo = match wanted.algorithm {
             DigestAlgorithm::Sha256 => DigestAlgo::Sha256,
             DigestAlgorithm::Blake3 => DigestAlgo::Blake3,
         };
+        if let Some((access, host_id)) = &self.access {
+            if let Err(refusal) =
+                access.check(host_id, algo, &wanted.digests, wanted.access.as_ref())
+            {
+                access.count_refusal();
+                // Names only: never a key or a proof.
+                tracing::debug!(
+                    requester = wanted.access.as_ref().map_or("(no proof)", |a| a.requester.0.as_str()),
+                    blob = wanted.access.as_ref().map_or("", |a| a.blob.0.as_str()),
+                    chunks = wanted.digests.len(),
+                    %refusal,
+                    "refused a peer's request for chunks of a restricted image"
+                );
+                return Err(Status::permission_denied(format!(
+                    "{refusal}: this peer serves chunks of a private image or a checkpoint \
+                     only to nodes that read its manifest from the registry"
+                )));
+            }
+        }
+        let permit = self.uploads.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted("this peer is serving its maximum of uploads")
+        })?;
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let (cache, pacer, rate, corrupt, uploaded) = (
             self.cache.clone(),

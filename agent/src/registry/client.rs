@@ -126,6 +126,10 @@ pub struct RegistryClient {
     /// `Authorization` values by who obtained them, so requests after the first do not
     /// each start with a 401.
     tokens: Mutex<HashMap<TokenKey, Token>>,
+    /// (registry, repository) pairs whose registry asked for credentials and got some
+    /// (the node's or a pull's): their images are private, and the agent serves their
+    /// chunks to peers only against a proof of access (`peer::access`).
+    credentialed: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// What a cached `Authorization` value was obtained for: a registry, a scope, and
@@ -215,7 +219,20 @@ impl RegistryClient {
             opts,
             pull_credentials: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
+            credentialed: Mutex::new(std::collections::HashSet::new()),
         })
+    }
+
+    /// Whether the registry asked this client for credentials for `r`'s repository and
+    /// was given some, since the client was made: then the repository is private to
+    /// whoever holds them. (A registry that lets anyone pull never asks, or hands out
+    /// an anonymous token; with credentials configured it gets them anyway, so an image
+    /// it would give anyone may count as private too: the safe side.)
+    pub fn used_credentials(&self, r: &Reference) -> bool {
+        self.credentialed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(r.registry.clone(), r.repository.clone()))
     }
 
     /// Keeps `credential` for reads of `r`'s repository (a CRI pull's), replacing the
@@ -387,6 +404,12 @@ impl RegistryClient {
     ) -> Result<String, Error> {
         let cred = self.credential(r, identity);
         let cred = cred.as_ref();
+        if cred.is_some() {
+            self.credentialed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((r.registry.clone(), r.repository.clone()));
+        }
         let key = Self::token_key(r, scope, identity);
         let err = self.error(r, "authenticate");
         if let Some(Credential::RegistryToken(token)) = cred {

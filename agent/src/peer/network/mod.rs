@@ -129,6 +129,18 @@ fn default_host_id(advertised: SocketAddr) -> String {
     }
 }
 
+/// This host's id in the swarm: `p2p.host_id`, or the hostname and advertised address
+/// (`None` when no address is advertised).
+pub fn host_id_of(config: &P2pConfig) -> Option<String> {
+    let address = config.advertised()?;
+    Some(
+        config
+            .host_id
+            .clone()
+            .unwrap_or_else(|| default_host_id(address)),
+    )
+}
+
 impl Network {
     /// Prepares to join the swarm `config` names; `server` is this agent's peer
     /// service (its load goes into heartbeats); preheat jobs the scheduler hands out go
@@ -197,10 +209,7 @@ impl Network {
             labels.insert("rack".to_string(), rack.clone());
         }
         let host = pb::Host {
-            id: config
-                .host_id
-                .clone()
-                .unwrap_or_else(|| default_host_id(address)),
+            id: host_id_of(config).unwrap_or_else(|| default_host_id(address)),
             address: address.to_string(),
             labels,
             upload_limit_bps: config.upload_bytes_per_sec,

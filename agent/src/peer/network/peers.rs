@@ -24,14 +24,32 @@ pub(super) type Authed = InterceptedService<Channel, AddBearer>;
 pub const MAX_MESSAGE: usize = 32 << 20;
 
 impl Network {
-    /// Opens a stream of the chunks `digests` from `peer`.
+    /// Opens a stream of the chunks `digests` of `blob` from `peer`, with this node's
+    /// proofs of access when the blob is a restricted image's (`peer::access`).
     pub async fn fetch_chunks(
         &self,
         peer: &Peer,
+        blob: &str,
         algo: DigestAlgo,
         digests: Vec<[u8; 32]>,
     ) -> std::result::Result<tonic::Streaming<pb::ChunkData>, PeerFailure> {
         let mut client = self.peer_client(peer.address)?;
+        let proofs = self
+            .server
+            .access()
+            .map(|a| a.proofs(&self.host.id, &peer.id.0, blob))
+            .unwrap_or_default();
+        let access = (!proofs.is_empty()).then(|| pb::ChunkAccess {
+            requester: self.host.id.clone(),
+            blob: blob.to_string(),
+            proofs: proofs
+                .into_iter()
+                .map(|(manifest, proof)| pb::AccessProof {
+                    manifest,
+                    proof: proof.to_vec(),
+                })
+                .collect(),
+        });
         let request = pb::FetchChunksRequest {
             digest_algorithm: match algo {
                 DigestAlgo::Sha256 => "sha256",
@@ -40,6 +58,7 @@ impl Network {
             .to_string(),
             digests: digests.into_iter().map(|d| d.to_vec()).collect(),
             accept_encodings: vec![ChunkEncoding::Zstd.name().to_string()],
+            access,
         };
         match tokio::time::timeout(self.peer_timeout, client.fetch_chunks(request)).await {
             Err(_) => Err(PeerFailure::Timeout),
@@ -138,12 +157,15 @@ pub enum PeerFailure {
     Protocol,
     /// It does not hold what was asked (no longer, or never did).
     NotFound,
+    /// It holds chunks of a restricted image and this node could not prove access to
+    /// them (`peer::access`): not the peer's fault, so it is not reported.
+    Refused,
 }
 
 impl PeerFailure {
     pub fn outcome(self) -> pb::Outcome {
         match self {
-            PeerFailure::Busy | PeerFailure::Protocol => pb::Outcome::Other,
+            PeerFailure::Busy | PeerFailure::Protocol | PeerFailure::Refused => pb::Outcome::Other,
             PeerFailure::Timeout => pb::Outcome::Timeout,
             PeerFailure::Connection => pb::Outcome::Connection,
             PeerFailure::VerificationFailed => pb::Outcome::VerificationFailed,
@@ -156,6 +178,7 @@ impl PeerFailure {
 pub fn failure_of(status: &tonic::Status) -> PeerFailure {
     match status.code() {
         tonic::Code::ResourceExhausted => PeerFailure::Busy,
+        tonic::Code::PermissionDenied => PeerFailure::Refused,
         tonic::Code::DeadlineExceeded => PeerFailure::Timeout,
         tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::Unknown => {
             PeerFailure::Connection
