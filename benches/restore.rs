@@ -22,11 +22,13 @@
 //!    node A by `tessera checkpoint --container`, a referrer of the app image) into a new
 //!    container: runc's CRIU reads the checkpoint from the agent's lazy mount, the rootfs
 //!    is the image's lazy mount through the Tessera snapshotter;
-//! 5. the same with a peer (node A, through the scheduler) holding the checkpoint and
-//!    the app image's start-up chunks.
+//! 5. the same with `tessera run --lazy-pages` (CRIU's lazy pages: the app runs before
+//!    its memory has arrived; the answer is awaited while `tessera run` sends pages);
+//! 6. the same as 4 with a peer (node A, through the scheduler) holding the checkpoint
+//!    and the app image's start-up chunks.
 //!
-//! The working-set prefetch row of issue 29 is not here: that feature is not built yet
-//! (the JSON and the report say so).
+//! The working-set prefetch row of issue 29 is not here: that feature (a recorded
+//! working set) is not built yet (the JSON and the report say so).
 //!
 //! Also reported: the checkpoints' sizes (CRIU's files, what the registry stores), the
 //! bytes each row had the registry send (its interface's counter), and the dedup

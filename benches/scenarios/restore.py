@@ -1,7 +1,7 @@
 """The restore scenario (benches/restore.rs, issue 29): time from "start" to a slow-booting
 service's first correct answer on a cold node, booted (full pull, lazy mount) or restored
 from a checkpoint (containerd's own `ctr containers restore`, Tessera's restore from a
-lazy mount, cold and with a peer holding the checkpoint); the checkpoints' sizes and the
+lazy mount, cold, with lazy pages, and with a peer holding the checkpoint); the checkpoints' sizes and the
 dedup between the checkpoints of two versions of the app."""
 from scenarios.common import mib
 
