@@ -55,15 +55,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::agent::AgentProcess;
-use support::containerd::{plain_http_hosts, Containerd, Snapshotter, NAMESPACE};
+use support::containerd::{Containerd, NAMESPACE};
 use support::cri::cri_pull;
 use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
 use support::registry::Registry;
 use support::scheduler::SchedulerProcess;
 use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered};
-use support::{repo_root, s};
+use support::tessera_node::{containerd_in, TesseraNode};
+use support::{criu, repo_root, s};
 
 /// The port `/app/serve.py` listens on (the image's command says so too).
 const PORT: u16 = 8080;
@@ -109,17 +109,6 @@ fn app_mode() -> &'static str {
         Ok("1") => "small",
         _ => "full",
     }
-}
-
-/// CRIU 4.2.1 as `make criu-deps` builds it.
-fn criu() -> PathBuf {
-    let criu = repo_root().join("target/tools/criu/criu");
-    assert!(
-        criu.is_file(),
-        "{} is missing: run `make criu-deps` (CRIU 4.2.1; Debian's criu fails on this kernel)",
-        criu.display()
-    );
-    criu
 }
 
 /// Fails, naming the Debian package, when a tool the rows need is missing.
@@ -342,37 +331,6 @@ impl Mark {
     }
 }
 
-/// containerd on `host` with the CRI plugin and runc (so `ctr run` and checkpoints
-/// work), overlayfs, reaching the registry over plain HTTP. The agent's snapshotter is
-/// made the CRI plugin's when `tessera_socket` is given.
-fn containerd_on(
-    bed: &Bed,
-    dir: &Path,
-    host: &NetHost,
-    tessera_socket: Option<&Path>,
-) -> Containerd {
-    let hosts = dir.join("certs.d");
-    plain_http_hosts(&hosts, &bed.registry.addr);
-    let socket = tessera_socket.map(Path::to_path_buf);
-    let snapshotter = match socket {
-        Some(_) => Snapshotter::Tessera,
-        None => Snapshotter::Overlayfs,
-    };
-    Containerd::start_cri(
-        &dir.join("containerd"),
-        Some(host),
-        snapshotter,
-        &hosts,
-        move |config| {
-            if let Some(socket) = socket {
-                run(support::tessera()
-                    .args(["containerd-config", "--snapshotter-socket", s(&socket)])
-                    .args(["--containerd-config", s(config)]));
-            }
-        },
-    )
-}
-
 fn ctr_k8s_ok(containerd: &Containerd, args: &[&str]) -> String {
     let out = containerd.ctr_k8s(args);
     assert!(
@@ -405,7 +363,7 @@ fn ctr_run(containerd: &Containerd, snapshotter: &str, reference: &str, id: &str
 /// Row 1: `ctr image pull` of the plain image, `ctr run`, first answer.
 fn cold_boot(bed: &Bed, expected: &str, rep: usize) -> Timing {
     let dir = bed.dir(&format!("cold-boot-{rep}"));
-    let containerd = containerd_on(bed, &dir, &bed.node, None);
+    let containerd = containerd_in(&dir, &bed.node, &bed.registry.addr, None);
     let reference = bed.reference(PLAIN);
     let mark = Mark::new(bed);
     let t = Instant::now();
@@ -424,32 +382,17 @@ fn cold_boot(bed: &Bed, expected: &str, rep: usize) -> Timing {
 /// the snapshotter (nothing is downloaded at pull), `ctr run`, first answer.
 fn lazy_boot(bed: &Bed, expected: &str, rep: usize) -> Timing {
     let dir = bed.dir(&format!("lazy-boot-{rep}"));
-    let socket = dir.join("agent/snap.sock");
-    let agent = AgentProcess::start_in(
-        &dir.join("agent"),
-        &bed.node,
-        &[
-            "--config",
-            s(&bed.config),
-            "--snapshotter-socket",
-            s(&socket),
-            "--snapshotter-root",
-            s(&dir.join("agent/snapshotter")),
-        ],
-    );
-    agent.wait_for_socket(&socket);
-    let containerd = containerd_on(bed, &dir, &bed.node, Some(&socket));
+    let node = tessera_node(bed, &bed.node, &dir, &[]);
     let reference = bed.reference(CONVERTED);
     let mark = Mark::new(bed);
     let t = Instant::now();
-    cri_pull(&containerd, &reference).unwrap_or_else(|e| panic!("CRI pull: {e}"));
+    cri_pull(&node.containerd, &reference).unwrap_or_else(|e| panic!("CRI pull: {e}"));
     let fetch = t.elapsed().as_secs_f64();
-    ctr_run(&containerd, "tessera", &reference, "app");
+    ctr_run(&node.containerd, "tessera", &reference, "app");
     wait_correct(bed.node.ip, expected, LAZY_BOOT);
     let total = t.elapsed().as_secs_f64();
     let timing = mark.timing(bed, fetch, total - fetch);
-    drop(containerd);
-    drop(agent);
+    drop(node);
     discard(&dir);
     timing
 }
@@ -470,7 +413,7 @@ struct CtrCheckpoint {
 /// checkpoint --task --rw` (it goes on running) and pushes the checkpoint.
 fn ctr_checkpoint(bed: &Bed, expected: &str) -> CtrCheckpoint {
     let dir = bed.dir("ctr-checkpoint");
-    let containerd = containerd_on(bed, &dir, &bed.setup_host, None);
+    let containerd = containerd_in(&dir, &bed.setup_host, &bed.registry.addr, None);
     let reference = bed.reference(PLAIN);
     ctr_k8s_ok(&containerd, &["image", "pull", "--plain-http", &reference]);
     ctr_run(&containerd, "overlayfs", &reference, "app");
@@ -532,7 +475,7 @@ fn ctr_checkpoint(bed: &Bed, expected: &str) -> CtrCheckpoint {
 /// `ctr containers restore --rw --live`, first answer.
 fn ctr_restore(bed: &Bed, expected: &str, rep: usize) -> Timing {
     let dir = bed.dir(&format!("ctr-restore-{rep}"));
-    let containerd = containerd_on(bed, &dir, &bed.node, None);
+    let containerd = containerd_in(&dir, &bed.node, &bed.registry.addr, None);
     let checkpoint = bed.reference(CTR_CHECKPOINT);
     let mark = Mark::new(bed);
     let t = Instant::now();
@@ -564,91 +507,42 @@ fn ctr_restore(bed: &Bed, expected: &str, rep: usize) -> Timing {
     timing
 }
 
-/// A node that runs containers from lazy mounts: an agent serving containerd's
-/// snapshotter API (in the swarm, when given a scheduler), and containerd using it.
-/// containerd is dropped first, so its containers are gone before the agent's mounts.
-struct TesseraNode {
-    containerd: Containerd,
-    agent: AgentProcess,
-    dir: PathBuf,
+/// A node that runs containers from lazy mounts ([`TesseraNode`]) with the bench's
+/// config, `agent_args` added (the swarm's, for the peer rows).
+fn tessera_node(bed: &Bed, host: &NetHost, dir: &Path, agent_args: &[&str]) -> TesseraNode {
+    let config = ["--config", s(&bed.config)];
+    TesseraNode::start(
+        dir,
+        host,
+        &bed.registry.addr,
+        &[&config[..], agent_args].concat(),
+    )
 }
 
-impl TesseraNode {
-    fn start(bed: &Bed, host: &NetHost, dir: &Path, agent_args: &[&str]) -> TesseraNode {
-        let (socket, root) = (dir.join("agent/snap.sock"), dir.join("agent/snapshotter"));
-        let snapshotter = [
-            "--config",
-            s(&bed.config),
-            "--snapshotter-socket",
-            s(&socket),
-            "--snapshotter-root",
-            s(&root),
-        ];
-        let agent = AgentProcess::start_in(
-            &dir.join("agent"),
-            host,
-            &[&snapshotter[..], agent_args].concat(),
-        );
-        agent.wait_for_socket(&socket);
-        let containerd = containerd_on(bed, dir, host, Some(&socket));
-        TesseraNode {
-            containerd,
-            agent,
-            dir: dir.to_path_buf(),
-        }
-    }
-
-    /// `tessera run --json` of app image `tag` as container `id` on this node (in its
-    /// network namespace), `extra` flags added: it restores the image's newest
-    /// checkpoint, or boots.
-    fn run_command(
-        &self,
-        bed: &Bed,
-        host: &NetHost,
-        tag: &str,
-        id: &str,
-        extra: &[&str],
-    ) -> Command {
-        let mut cmd = host.command(env!("CARGO_BIN_EXE_tessera"));
-        cmd.args([
-            "run",
-            "--json",
-            "--config",
-            s(&bed.config),
-            "--criu",
-            s(&bed.criu),
-        ])
-        .args([
-            "--address",
-            s(&self.containerd.socket),
-            "--namespace",
-            NAMESPACE,
-        ])
-        .args(["--socket", s(&self.agent.socket)])
-        .arg("--state-dir")
-        .arg(self.dir.join("run"))
-        .args(extra)
-        .args([&bed.reference(tag), id])
-        .env("DOCKER_CONFIG", bed.work.path())
+/// `tessera run --json` of app image `tag` as container `id` on `node` (in its network
+/// namespace), `extra` flags added: it restores the image's newest checkpoint, or boots.
+fn run_command(bed: &Bed, node: &TesseraNode, tag: &str, id: &str, extra: &[&str]) -> Command {
+    let image = bed.reference(tag);
+    let mut cmd = node.run_command(&bed.config, &bed.criu, &[extra, &[&image, id]].concat());
+    cmd.env("DOCKER_CONFIG", bed.work.path())
         .env("TESSERA_LOG", "warn");
-        cmd
-    }
+    cmd
+}
 
-    /// [`TesseraNode::run_command`] without extra flags, run to its end: its summary.
-    fn run(&self, bed: &Bed, host: &NetHost, tag: &str, id: &str) -> Value {
-        let out = run(&mut self.run_command(bed, host, tag, id, &[]));
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("tessera run: {e}: {out}"))
-    }
+/// [`run_command`] without extra flags, run to its end: its summary.
+fn run_json(bed: &Bed, node: &TesseraNode, tag: &str, id: &str) -> Value {
+    let out = run(&mut run_command(bed, node, tag, id, &[]));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("tessera run: {e}: {out}"))
+}
 
-    /// Chunk bytes this node's agent got from peers for the mounts it still has.
-    fn peer_bytes(&self) -> u64 {
-        self.agent.status()["mounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|m| m["pull"]["peer_bytes"].as_u64())
-            .sum()
-    }
+/// Chunk bytes `node`'s agent got from peers for the mounts it still has.
+fn peer_bytes(node: &TesseraNode) -> u64 {
+    node.agent.status()["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["pull"]["peer_bytes"].as_u64())
+        .sum()
 }
 
 /// A checkpoint `tessera checkpoint` made: its summary.
@@ -680,7 +574,7 @@ fn boot_and_checkpoint(
     let node = &peers.node_a;
     let id = format!("app-{tag}");
     let t = Instant::now();
-    let booted = node.run(bed, &bed.holder_host, tag, &id);
+    let booted = run_json(bed, node, tag, &id);
     assert_eq!(booted["outcome"]["how"], "booted", "{booted}");
     let answer = wait_answer(bed.holder_host.ip, &format!("boot of {tag} on node A"));
     let boot_seconds = t.elapsed().as_secs_f64();
@@ -705,13 +599,7 @@ fn boot_and_checkpoint(
         s(&scratch),
     ];
     let summary = bed.tessera_json(&bed.holder_host, &[&args[..], extra].concat());
-    let _ = node.containerd.ctr(&["task", "kill", "-s", "SIGKILL", &id]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !node.containerd.ctr(&["task", "rm", &id]).status.success() {
-        assert!(Instant::now() < deadline, "task {id} is not removed");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    node.containerd.ctr_ok(&["container", "rm", &id]);
+    node.remove(&id);
     (TesseraCheckpoint { summary }, answer, boot_seconds)
 }
 
@@ -736,7 +624,7 @@ impl Peers {
         );
         let args = peer_args(&scheduler, &bed.holder_host, "a");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let node_a = TesseraNode::start(bed, &bed.holder_host, &bed.dir("node-a"), &args);
+        let node_a = tessera_node(bed, &bed.holder_host, &bed.dir("node-a"), &args);
         wait_registered(&node_a.agent);
         Peers {
             token,
@@ -828,12 +716,12 @@ fn tessera_restore(
     let dir = bed.dir(&format!("tessera-{name}-{rep}"));
     let swarm = peers.map(|p| peer_args(&p.scheduler, &bed.node, &format!("b{rep}")));
     let args: Vec<&str> = swarm.iter().flatten().map(String::as_str).collect();
-    let node = TesseraNode::start(bed, &bed.node, &dir, &args);
+    let node = tessera_node(bed, &bed.node, &dir, &args);
     if peers.is_some() {
         wait_registered(&node.agent);
     }
     let extra: &[&str] = if lazy { &["--lazy-pages"] } else { &[] };
-    let mut cmd = node.run_command(bed, &bed.node, CONVERTED, "app", extra);
+    let mut cmd = run_command(bed, &node, CONVERTED, "app", extra);
     let mark = Mark::new(bed);
     let t = Instant::now();
     let mut child = cmd
@@ -883,7 +771,7 @@ fn tessera_restore(
     let seconds = |key: &str| run[key].as_f64().unwrap_or(0.0);
     let fetch = (seconds("mount_seconds") + seconds("restore_seconds")).min(total);
     let mut timing = mark.timing(bed, fetch, total - fetch);
-    timing.peer = Some(run["peer_bytes"].as_u64().unwrap_or(0) + node.peer_bytes());
+    timing.peer = Some(run["peer_bytes"].as_u64().unwrap_or(0) + peer_bytes(&node));
     timing.pages = run["pages_seconds"].as_f64();
     drop(node);
     discard(&dir);

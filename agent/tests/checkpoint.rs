@@ -20,7 +20,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use support::agent::{free_port, AgentProcess};
 use support::oci::{self, build_files_image};
 use support::registry::{block_on, client, Registry};
-use support::{repo_root, s, tessera};
+use support::{criu, s, tessera};
 use tessera_agent::registry::reference::Reference;
 use tessera_agent::registry::referrers::{self, Artifact, Descriptor};
 
@@ -53,17 +53,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 "#;
-
-/// CRIU 4.2.1 as `make criu-deps` builds it.
-fn criu() -> PathBuf {
-    let criu = repo_root().join("target/tools/criu/criu");
-    assert!(
-        criu.is_file(),
-        "{} is missing: run `make criu-deps` (CRIU 4.2.1; Debian's criu fails on this kernel)",
-        criu.display()
-    );
-    criu
-}
 
 /// Kills a process (SIGKILL) when dropped, even after a failed assertion: the server
 /// the test started, or the tree CRIU restored.

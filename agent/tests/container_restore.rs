@@ -24,22 +24,19 @@ mod support;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::agent::AgentProcess;
-use support::containerd::{Containerd, Snapshotter};
+use support::containerd::NAMESPACE;
 use support::netns::{Cluster, NetHost};
 use support::oci::{build_dirs_image, run as run_ok};
 use support::registry::{block_on, Registry};
 use support::scheduler::SchedulerProcess;
 use support::swarm::{admin_args, admin_json, wait_registered};
-use support::{repo_root, s, tessera};
+use support::tessera_node::TesseraNode;
+use support::{criu, s, tessera};
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
 use tessera_agent::registry::reference::Reference;
-
-/// The containerd namespace `support::containerd`'s `ctr` calls use.
-const NAMESPACE: &str = "tessera-test";
 
 /// The port the server listens on, in its node's network namespace.
 const PORT: u16 = 8080;
@@ -64,17 +61,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("0.0.0.0", int(sys.argv[1])), Handler).serve_forever()
 "#;
-
-/// CRIU 4.2.1 as `make criu-deps` builds it.
-fn criu() -> PathBuf {
-    let criu = repo_root().join("target/tools/criu/criu");
-    assert!(
-        criu.is_file(),
-        "{} is missing: run `make criu-deps` (CRIU 4.2.1; Debian's criu fails on this kernel)",
-        criu.display()
-    );
-    criu
-}
 
 /// A root filesystem with this machine's python3 (interpreter, the libraries it links,
 /// the standard library without its tests and build files) and the server.
@@ -155,120 +141,56 @@ fn wait_for_answer(ip: &str, within: Duration) -> Option<(u64, String, String)> 
     None
 }
 
-/// A node: its network namespace, agent (snapshotter, peers) and containerd.
-struct Node {
+/// Starts node `name` in `host`: its agent in the swarm of `scheduler` (peers on), its
+/// containerd on the agent's snapshotter.
+fn start_node(
+    work: &Path,
     host: NetHost,
-    dir: PathBuf,
-    agent: AgentProcess,
-    containerd: Containerd,
+    name: &str,
+    config: &Path,
+    registry: &Registry,
+    scheduler: &SchedulerProcess,
+) -> TesseraNode {
+    let node = TesseraNode::start(
+        &work.join(name),
+        &host,
+        &registry.addr,
+        &[
+            "--config",
+            s(config),
+            "--prefetch",
+            "none",
+            "--scheduler",
+            &scheduler.url,
+            "--peer-listen",
+            &format!("{}:7081", host.ip),
+            "--host-id",
+            name,
+            "--zone",
+            "z1",
+        ],
+    );
+    wait_registered(&node.agent);
+    node
 }
 
-impl Node {
-    fn start(
-        cluster_dir: &Path,
-        host: NetHost,
-        name: &str,
-        config: &Path,
-        scheduler: &SchedulerProcess,
-    ) -> Node {
-        let dir = cluster_dir.join(name);
-        let snapshotter = dir.join("agent/snap.sock");
-        let agent = AgentProcess::start_in(
-            &dir.join("agent"),
-            &host,
-            &[
-                "--config",
-                s(config),
-                "--prefetch",
-                "none",
-                "--snapshotter-socket",
-                s(&snapshotter),
-                "--snapshotter-root",
-                s(&dir.join("agent/snapshotter")),
-                "--scheduler",
-                &scheduler.url,
-                "--peer-listen",
-                &format!("{}:7081", host.ip),
-                "--host-id",
-                name,
-                "--zone",
-                "z1",
-            ],
-        );
-        agent.wait_for_socket(&snapshotter);
-        wait_registered(&agent);
-        let hosts = dir.join("certs.d");
-        std::fs::create_dir_all(&hosts).unwrap();
-        let proxy = snapshotter.clone();
-        let containerd = Containerd::start_cri(
-            &dir.join("containerd"),
-            Some(&host),
-            Snapshotter::Tessera,
-            &hosts,
-            move |config| {
-                support::tessera_ok(&[
-                    "containerd-config",
-                    "--snapshotter-socket",
-                    s(&proxy),
-                    "--containerd-config",
-                    s(config),
-                ]);
-            },
-        );
-        Node {
-            host,
-            dir,
-            agent,
-            containerd,
-        }
-    }
-
-    /// `tessera run --json ARGS` against this node's containerd and agent.
-    fn run(&self, config: &Path, args: &[&str]) -> Output {
-        tessera()
-            .arg("run")
-            .args(["--json", "--config", s(config), "--criu", s(&criu())])
-            .args([
-                "--address",
-                s(&self.containerd.socket),
-                "--namespace",
-                NAMESPACE,
-            ])
-            .args(["--socket", s(&self.agent.socket)])
-            .args(["--state-dir", s(&self.dir.join("run"))])
-            .args(args)
-            .env("TESSERA_CONFIG", "/dev/null")
-            .env("DOCKER_CONFIG", &self.dir)
-            .output()
-            .unwrap()
-    }
-
-    /// [`Node::run`] that must succeed: its summary.
-    fn run_ok(&self, config: &Path, args: &[&str]) -> serde_json::Value {
-        let out = self.run(config, args);
-        assert!(
-            out.status.success(),
-            "tessera run {args:?}: {}\n{}\nagent:\n{}\ncontainerd:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            self.agent.log(),
-            self.containerd.log()
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// Kills container `id` and removes it with its snapshot.
-    fn remove(&self, id: &str) {
-        let _ = self.containerd.ctr(&["task", "kill", "-s", "SIGKILL", id]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.containerd.ctr(&["task", "rm", id]).status.success() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.containerd.ctr_ok(&["container", "rm", id]);
-    }
+/// `tessera run ARGS` on `node` that must succeed: its summary.
+fn tessera_run(node: &TesseraNode, config: &Path, args: &[&str]) -> serde_json::Value {
+    let out = node
+        .run_command(config, &criu(), args)
+        .env("TESSERA_CONFIG", "/dev/null")
+        .env("DOCKER_CONFIG", &node.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tessera run {args:?}: {}\n{}\nagent:\n{}\ncontainerd:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        node.agent.log(),
+        node.containerd.log()
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Flips bytes all through blob `digest` in the registry's storage; gives back what
@@ -334,11 +256,26 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         work.path().join("scheduler.log"),
         &admin_args(&token, &state),
     );
-    let a = Node::start(work.path(), host_a, "node-a", &config, &scheduler);
-    let b = Node::start(work.path(), host_b, "node-b", &config, &scheduler);
+    let a = start_node(
+        work.path(),
+        host_a,
+        "node-a",
+        &config,
+        &registry,
+        &scheduler,
+    );
+    let b = start_node(
+        work.path(),
+        host_b,
+        "node-b",
+        &config,
+        &registry,
+        &scheduler,
+    );
 
     // No checkpoint yet: `tessera run` boots, and says why.
-    let booted = a.run_ok(
+    let booted = tessera_run(
+        &a,
         &config,
         &[&app, "web", "--log", s(&work.path().join("web.log"))],
     );
@@ -422,7 +359,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         .unwrap()
         .to_string();
     let original = corrupt(&registry, &data_blob);
-    let corrupt_run = a.run_ok(&config, &[&app, "web-c"]);
+    let corrupt_run = tessera_run(&a, &config, &[&app, "web-c"]);
     std::fs::write(registry.blob_path(&data_blob), &original).unwrap();
     assert_eq!(corrupt_run["outcome"]["how"], "booted", "{corrupt_run}");
     let why = corrupt_run["outcome"]["why"].as_str().unwrap();
@@ -437,7 +374,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
 
     // A checkpoint that records another CRIU: not restored, booted.
     let faked = retag_with_criu_version(&client, &checkpoint_ref, "ckpt-old-criu", "3.17.1");
-    let incompatible = a.run_ok(&config, &[&app, "web-i", "--checkpoint", &faked]);
+    let incompatible = tessera_run(&a, &config, &[&app, "web-i", "--checkpoint", &faked]);
     assert_eq!(incompatible["outcome"]["how"], "booted", "{incompatible}");
     let why = incompatible["outcome"]["why"].as_str().unwrap();
     assert!(why.contains("CRIU 3.17.1"), "{why}");
@@ -445,7 +382,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     a.remove("web-i");
 
     // Restored on node A: the state and the counter come back, under a new hostname.
-    let restored = a.run_ok(&config, &[&app, "web-a"]);
+    let restored = tessera_run(&a, &config, &[&app, "web-a"]);
     assert_eq!(restored["outcome"]["how"], "restored", "{restored}");
     assert_eq!(restored["outcome"]["checkpoint"], checkpoint_ref.as_str());
     let answer = wait_for_answer(&a.host.ip.to_string(), Duration::from_secs(10))
@@ -456,7 +393,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     // On node B, from node A: the same state, its own hostname, next to nothing from
     // the origin.
     let origin_before = registry.blob_bytes_sent(206) + registry.blob_bytes_sent(200);
-    let clone = b.run_ok(&config, &[&app, "web-b"]);
+    let clone = tessera_run(&b, &config, &[&app, "web-b"]);
     let origin_b = registry.blob_bytes_sent(206) + registry.blob_bytes_sent(200) - origin_before;
     assert_eq!(clone["outcome"]["how"], "restored", "{clone}");
     let answer = wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
@@ -531,7 +468,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         "the booted container is removed"
     );
     // Now the image's newest: B restores it, the probe's request already counted.
-    let clone = b.run_ok(&config, &[&app, "web-b2"]);
+    let clone = tessera_run(&b, &config, &[&app, "web-b2"]);
     assert_eq!(clone["outcome"]["how"], "restored", "{clone}");
     assert_eq!(clone["outcome"]["checkpoint"], release_ref);
     let (count, _, hostname) = wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10))
@@ -542,7 +479,7 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     // With CRIU's lazy pages: the memory arrives through `criu lazy-pages` reading the
     // mount (userfaultfd) while the clone already runs; `tessera run` returns once the
     // last page is in, and the clone's state is whole.
-    let lazy = b.run_ok(&config, &[&app, "web-b3", "--lazy-pages"]);
+    let lazy = tessera_run(&b, &config, &[&app, "web-b3", "--lazy-pages"]);
     assert_eq!(lazy["outcome"]["how"], "restored", "{lazy}");
     assert_eq!(lazy["lazy_pages"], true, "{lazy}");
     let (count, digest, hostname) =

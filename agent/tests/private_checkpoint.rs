@@ -134,6 +134,19 @@ fn mount(agent: &AgentProcess, image: &str, name: &str) -> std::process::Output 
     agent.run(&["mount", image, s(&mnt)])
 }
 
+/// Mounts `image` on `agent` as `name`, which must succeed, and checks every file of
+/// `files` reads back exactly.
+fn mount_and_read(agent: &AgentProcess, image: &str, name: &str, files: &[(String, Vec<u8>)]) {
+    let out = mount(agent, image, name);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        agent.log()
+    );
+    read_all(&agent.dir.join(name), files);
+}
+
 fn read_all(mnt: &Path, files: &[(String, Vec<u8>)]) {
     for (path, data) in files {
         let got = std::fs::read(mnt.join(path)).unwrap();
@@ -359,14 +372,7 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     // origin; its chunks are in its cache and announced.
     let a = bed.agent(&host_a, "node-a", true);
     wait_registered(&a);
-    let out = mount(&a, &private_image, "private");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        a.log()
-    );
-    read_all(&a.dir.join("private"), &secret);
+    mount_and_read(&a, &private_image, "private", &secret);
     assert_eq!(pull(&a, &private_image)["origin_bytes"], total(&secret));
     bed.agents.push(a);
     settle();
@@ -442,14 +448,7 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     let b = bed.agent(&host_b, "node-b", true);
     wait_registered(&b);
     let ranges_before = bed.private.blob_bytes_sent(206);
-    let out = mount(&b, &private_image, "private");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        b.log()
-    );
-    read_all(&b.dir.join("private"), &secret);
+    mount_and_read(&b, &private_image, "private", &secret);
     let p = pull(&b, &private_image);
     assert_eq!(p["origin_bytes"], 0, "{p}");
     assert_eq!(p["peer_bytes"], total(&secret), "{p}");
@@ -499,23 +498,9 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     // A public image goes peer to peer with no proof, as before.
     let a = &bed.agents[0];
     let b = &bed.agents[1];
-    let out = mount(a, &public_image, "public");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        a.log()
-    );
-    read_all(&a.dir.join("public"), &open);
+    mount_and_read(a, &public_image, "public", &open);
     settle();
-    let out = mount(b, &public_image, "public");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        b.log()
-    );
-    read_all(&b.dir.join("public"), &open);
+    mount_and_read(b, &public_image, "public", &open);
     let p = pull(b, &public_image);
     assert_eq!(p["origin_bytes"], 0, "{p}");
     assert_eq!(p["peer_bytes"], total(&open), "{p}");
@@ -532,26 +517,12 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
     let frozen = files(3, 2 << 20, 5000);
     let plain = bed.image(&bed.public, &frozen, "frozen", "ckpt/app");
     let checkpoint = as_checkpoint(&plain, "checkpoint");
-    let out = mount(a, &checkpoint, "checkpoint");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        a.log()
-    );
-    read_all(&a.dir.join("checkpoint"), &frozen);
+    mount_and_read(a, &checkpoint, "checkpoint", &frozen);
     settle();
     let c = known(&checkpoint, &bed.private);
     denied(fetch_direct(&host_a, &c.chunks, None));
     assert_eq!(counter(a, REFUSED), 2);
-    let out = mount(b, &checkpoint, "checkpoint");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        b.log()
-    );
-    read_all(&b.dir.join("checkpoint"), &frozen);
+    mount_and_read(b, &checkpoint, "checkpoint", &frozen);
     let p = pull(b, &checkpoint);
     assert_eq!(p["origin_bytes"], 0, "{p}");
     assert_eq!(p["peer_bytes"], total(&frozen), "{p}");

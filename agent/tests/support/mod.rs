@@ -16,6 +16,7 @@ pub mod registry;
 pub mod scheduler;
 pub mod small_disk;
 pub mod swarm;
+pub mod tessera_node;
 pub mod tls;
 pub mod token_server;
 
@@ -29,6 +30,17 @@ pub fn repo_root() -> std::path::PathBuf {
         .parent()
         .expect("the agent crate sits in the repository")
         .to_path_buf()
+}
+
+/// CRIU 4.2.1 as `make criu-deps` builds it (the checkpoint tests and benchmark).
+pub fn criu() -> std::path::PathBuf {
+    let criu = repo_root().join("target/tools/criu/criu");
+    assert!(
+        criu.is_file(),
+        "{} is missing: run `make criu-deps` (CRIU 4.2.1; Debian's criu fails on this kernel)",
+        criu.display()
+    );
+    criu
 }
 
 pub fn tessera() -> Command {
