@@ -239,6 +239,13 @@ pub struct RejectedCheckpoint {
     pub reason: String,
 }
 
+impl RejectedCheckpoint {
+    /// `CHECKPOINT: REASON`, as summaries list the checkpoints skipped.
+    pub fn line(&self) -> String {
+        format!("{}: {}", self.checkpoint, self.reason)
+    }
+}
+
 fn no_checkpoint_reason(subject: &str, rejected: &[RejectedCheckpoint]) -> String {
     if rejected.is_empty() {
         return format!("it has no checkpoint (no referrer of {subject} is a checkpoint)");

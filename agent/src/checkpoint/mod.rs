@@ -733,13 +733,46 @@ pub async fn restore_for(
     let app_image = image::resolve_platform(client, app, &opts.platform).await?;
     let listed = checkpoints_of(client, &app_image).await?;
     let node = NodeInfo::probe(&opts.criu)?;
+    let (chosen, rejected) = first_restorable(listed, Kind::Process, &node);
+    let Some((candidate, notes)) = chosen else {
+        return Err(Error::NoUsableCheckpoint {
+            image: app.to_string(),
+            subject: app_image.raw.digest.clone(),
+            rejected,
+        });
+    };
+    let name = candidate.reference.to_string();
+    let img = image::resolve_platform(client, &candidate.reference, &opts.platform).await?;
+    let mut summary = restore_checked(
+        &img,
+        &name,
+        &candidate.annotations,
+        &node,
+        notes,
+        opts,
+        started,
+    )
+    .await?;
+    summary.for_image = Some(app_image.reference.to_string());
+    summary.skipped = rejected.iter().map(RejectedCheckpoint::line).collect();
+    Ok(summary)
+}
+
+/// Of `candidates` (newest first), the first of kind `kind` that `node` can restore,
+/// with the differences from its dumping node that did not stop it; and, newest first,
+/// the ones before it that were refused, and why.
+fn first_restorable(
+    candidates: Vec<app::Listed>,
+    kind: Kind,
+    node: &NodeInfo,
+) -> (Option<(app::Listed, Vec<String>)>, Vec<RejectedCheckpoint>) {
     let mut rejected = Vec::new();
-    for candidate in listed {
+    for candidate in candidates {
         let name = candidate.reference.to_string();
-        let checked = check_kind(&name, &candidate.annotations, Kind::Process)
-            .and_then(|()| node::check(&name, &candidate.annotations, &node));
-        let notes = match checked {
-            Ok(notes) => notes,
+        let checked = check_kind(&name, &candidate.annotations, kind)
+            .and_then(|()| node::check(&name, &candidate.annotations, node));
+        match checked {
+            Ok(notes) => return (Some((candidate, notes)), rejected),
             Err(e) => {
                 let reason = match e {
                     Error::CheckpointIncompatible { reason, .. } => reason,
@@ -751,32 +784,10 @@ pub async fn restore_for(
                     created: candidate.created,
                     reason,
                 });
-                continue;
             }
-        };
-        let img = image::resolve_platform(client, &candidate.reference, &opts.platform).await?;
-        let mut summary = restore_checked(
-            &img,
-            &name,
-            &candidate.annotations,
-            &node,
-            notes,
-            opts,
-            started,
-        )
-        .await?;
-        summary.for_image = Some(app_image.reference.to_string());
-        summary.skipped = rejected
-            .iter()
-            .map(|r| format!("{}: {}", r.checkpoint, r.reason))
-            .collect();
-        return Ok(summary);
+        }
     }
-    Err(Error::NoUsableCheckpoint {
-        image: app.to_string(),
-        subject: app_image.raw.digest.clone(),
-        rejected,
-    })
+    (None, rejected)
 }
 
 /// Restores checkpoint `img` (called `name`), already checked against `node` (`notes`

@@ -19,10 +19,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use super::app::Listed;
 use super::criu::LazyPages;
-use super::node::{self, NodeInfo};
+use super::node::NodeInfo;
 use super::{
-    check_kind, checkpoints_of, manifest_annotations, ContainerdAt, Criu, Kind, CONTAINER_FILE,
+    checkpoints_of, first_restorable, manifest_annotations, ContainerdAt, Criu, Kind,
+    CONTAINER_FILE,
 };
 use crate::api::{self, Request};
 use crate::config::Prefetch;
@@ -222,8 +224,9 @@ pub async fn run(
         snapshotter: opts.snapshotter.clone(),
         platform: opts.platform.clone(),
     };
-    let pulled = pull::pull(client, app, &pull_opts, &mut |_| {}).await?;
     let app_image = image::resolve_platform(client, app, &opts.platform).await?;
+    let app_config = image::fetch_config(client, &app_image).await?;
+    let pulled = pull::pull_resolved(app, &app_image, &app_config, &pull_opts, &mut |_| {}).await?;
     let hostname = opts.hostname.clone().unwrap_or_else(|| opts.id.clone());
     let dir = opts
         .state_dir
@@ -261,66 +264,50 @@ pub async fn run(
         Err(Some(e @ Error::NoUsableCheckpoint { .. })) => e.to_string(),
         Err(Some(e)) => format!("the image's checkpoints could not be looked at: {e}"),
     };
-    let pid = base.boot(client, &app_image).await?;
+    let pid = base.boot(&app_config).await?;
     let outcome = Outcome::Booted { why: why_boot };
     Ok(base.summary(&app_image, pid, outcome, Read::default(), started))
 }
 
 /// The checkpoint to restore: `opts.restore`'s, if this node can restore it.
 async fn choose(client: &RegistryClient, app: &PlatformImage, opts: &RunOptions) -> Result<Chosen> {
-    let no_usable = |rejected| Error::NoUsableCheckpoint {
-        image: app.reference.to_string(),
-        subject: app.raw.digest.clone(),
-        rejected,
-    };
     let node = NodeInfo::probe(&opts.criu)?;
-    let candidates = match &opts.restore {
-        RestoreChoice::Never => Vec::new(),
+    // A checkpoint named by the caller is resolved once, here; the newest is resolved
+    // once chosen.
+    let (candidates, named) = match &opts.restore {
+        RestoreChoice::Never => (Vec::new(), None),
         RestoreChoice::Checkpoint(r) => {
             let img = image::resolve_platform(client, r, &opts.platform).await?;
-            vec![(r.clone(), None, manifest_annotations(&img.raw.bytes))]
+            let listed = Listed {
+                reference: r.clone(),
+                created: None,
+                annotations: manifest_annotations(&img.raw.bytes),
+            };
+            (vec![listed], Some(img))
         }
-        RestoreChoice::Newest => checkpoints_of(client, app)
-            .await?
-            .into_iter()
-            .map(|l| (l.reference, l.created, l.annotations))
-            .collect(),
+        RestoreChoice::Newest => (checkpoints_of(client, app).await?, None),
     };
-    let mut rejected = Vec::new();
-    for (reference, created, annotations) in candidates {
-        let name = reference.to_string();
-        let checked = check_kind(&name, &annotations, Kind::Container)
-            .and_then(|()| node::check(&name, &annotations, &node));
-        match checked {
-            Ok(notes) => {
-                let image = image::resolve_platform(client, &reference, &opts.platform).await?;
-                return Ok(Chosen {
-                    image,
-                    name,
-                    skipped: rejected
-                        .iter()
-                        .map(|r: &crate::RejectedCheckpoint| {
-                            format!("{}: {}", r.checkpoint, r.reason)
-                        })
-                        .collect(),
-                    notes,
-                });
-            }
-            Err(e) => {
-                let reason = match e {
-                    Error::CheckpointIncompatible { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                tracing::info!(checkpoint = %name, %reason, "skipping a checkpoint this node cannot restore");
-                rejected.push(crate::RejectedCheckpoint {
-                    checkpoint: name,
-                    created,
-                    reason,
-                });
-            }
-        }
-    }
-    Err(no_usable(rejected))
+    let (chosen, rejected) = first_restorable(candidates, Kind::Container, &node);
+    let Some((candidate, notes)) = chosen else {
+        return Err(Error::NoUsableCheckpoint {
+            image: app.reference.to_string(),
+            subject: app.raw.digest.clone(),
+            rejected,
+        });
+    };
+    let image = match named {
+        Some(img) => img,
+        None => image::resolve_platform(client, &candidate.reference, &opts.platform).await?,
+    };
+    Ok(Chosen {
+        image,
+        name: candidate.reference.to_string(),
+        skipped: rejected
+            .iter()
+            .map(crate::RejectedCheckpoint::line)
+            .collect(),
+        notes,
+    })
 }
 
 /// What the checkpoint's lazy mount read and fetched, and how long the mount and the
@@ -511,11 +498,10 @@ impl Base<'_> {
         Ok((pid, daemon))
     }
 
-    /// Boots a new container from `app`'s config.
-    async fn boot(&self, client: &RegistryClient, app: &PlatformImage) -> Result<u32> {
-        let config = image::fetch_config(client, app).await?;
+    /// Boots a new container from the app image's config, `config`.
+    async fn boot(&self, config: &[u8]) -> Result<u32> {
         let spec = spec::boot_spec(
-            &config,
+            config,
             &self.opts.containerd.namespace,
             &self.opts.id,
             self.hostname,

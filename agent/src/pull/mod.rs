@@ -109,10 +109,22 @@ pub async fn pull(
     opts: &PullOptions,
     progress: &mut (dyn FnMut(&LayerStep<'_>) + Send),
 ) -> Result<PullSummary> {
-    let mut containerd = Containerd::connect(&opts.address, &opts.namespace).await?;
     let image = registry_image::resolve_platform(registry, reference, &opts.platform).await?;
     let config = registry_image::fetch_config(registry, &image).await?;
-    let diff_ids = registry_image::diff_ids(&image, &config)?;
+    pull_resolved(reference, &image, &config, opts, progress).await
+}
+
+/// [`pull`] of `image` (resolved from `reference` for `opts.platform`) whose config is
+/// `config`: for a caller that needs them too.
+pub async fn pull_resolved(
+    reference: &Reference,
+    image: &PlatformImage,
+    config: &[u8],
+    opts: &PullOptions,
+    progress: &mut (dyn FnMut(&LayerStep<'_>) + Send),
+) -> Result<PullSummary> {
+    let mut containerd = Containerd::connect(&opts.address, &opts.namespace).await?;
+    let diff_ids = registry_image::diff_ids(image, config)?;
     let chain = chain_ids(&diff_ids);
     let top = chain.last().cloned().ok_or_else(|| Error::Protocol {
         registry: image.reference.registry.clone(),
@@ -130,8 +142,8 @@ pub async fn pull(
         containerd: &containerd,
         opts,
         name: reference.to_string(),
-        image: &image,
-        config: &config,
+        image,
+        config,
         chain: &chain,
         unique: &unique,
     };
