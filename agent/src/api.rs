@@ -22,17 +22,18 @@ pub enum Request {
     Mount {
         image: String,
         mountpoint: PathBuf,
-        /// Append the path of every file the workload reads, in first-read order.
-        #[serde(default)]
-        record: Option<PathBuf>,
         /// `os/arch[/variant]`; default the node's.
         #[serde(default)]
         platform: Option<String>,
-        /// Overrides the agent's `prefetch` for this mount.
-        #[serde(default)]
-        prefetch: Option<Prefetch>,
+        #[serde(flatten)]
+        plan: ReadPlan,
     },
     Umount {
+        mountpoint: PathBuf,
+    },
+    /// The chunks a mount made with `record_chunks` has read so far, in first-read
+    /// order: a checkpoint's working set (docs/checkpoints.md).
+    ReadChunks {
         mountpoint: PathBuf,
     },
     Status,
@@ -47,6 +48,38 @@ pub enum Request {
         #[serde(default)]
         keep: Option<u64>,
     },
+}
+
+/// How a mount's reads are prefetched and recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadPlan {
+    /// Append the path of every file the workload reads, in first-read order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<PathBuf>,
+    /// Overrides the agent's `prefetch` for this mount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<Prefetch>,
+    /// Chunks (by index in the image's chunk table) to fetch before anything else is
+    /// prefetched, in this order: a checkpoint's recorded working set. Even with
+    /// `prefetch: none`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first: Vec<u32>,
+    /// Keep which chunks the workload reads, for [`Request::ReadChunks`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub record_chunks: bool,
+}
+
+/// The chunks a mount has read ([`Request::ReadChunks`]'s answer).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReadChunks {
+    /// Chunk-table indices, each once, in first-read order.
+    pub chunks: Vec<u32>,
+    /// Their stored (compressed) bytes: what fetching them moves.
+    pub compressed_bytes: u64,
+    /// Their bytes once decompressed.
+    pub bytes: u64,
+    /// True if the mount made more reads than a recording keeps (the first ones are kept).
+    pub truncated: bool,
 }
 
 /// A request as sent: the token matters only on TCP.

@@ -495,6 +495,70 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         lazy["pages_seconds"].as_f64().unwrap()
     );
     b.remove("web-b3");
+
+    // The release's working set: node A restores it with lazy pages, recording which
+    // of its chunks the restore and the first request (the probe) read, and pushes
+    // that beside the checkpoint. Node B's next restore finds it and has its agent
+    // fetch those chunks first (with nothing else prefetched here, to see them).
+    let probe = format!("http://{}:{PORT}/", a.host.ip);
+    let recording = tessera_run(
+        &a,
+        &config,
+        &[
+            &app,
+            "web-a3",
+            "--lazy-pages",
+            "--record-working-set",
+            &probe,
+        ],
+    );
+    let recorded = &recording["working_set"];
+    assert_eq!(
+        recording["outcome"]["checkpoint"], release_ref,
+        "{recording}"
+    );
+    assert_eq!(recorded["how"], "recorded", "{recording}");
+    let chunks = recorded["chunks"].as_u64().unwrap();
+    assert!(
+        chunks > 0 && recorded["compressed_bytes"].as_u64().unwrap() > 0,
+        "{recording}"
+    );
+    let (count, _, hostname) = wait_for_answer(&a.host.ip.to_string(), Duration::from_secs(10))
+        .unwrap_or_else(|| {
+            panic!(
+                "the recording clone stopped answering\n{}",
+                a.containerd.log()
+            )
+        });
+    assert_eq!(
+        (count, hostname.as_str()),
+        (3, "web-a3"),
+        "the probe's request was the clone's first"
+    );
+    a.remove("web-a3");
+    let fetched = tessera_run(
+        &b,
+        &config,
+        &[&app, "web-b4", "--lazy-pages", "--prefetch", "none"],
+    );
+    assert_eq!(fetched["outcome"]["how"], "restored", "{fetched}");
+    assert_eq!(fetched["working_set"]["how"], "fetched", "{fetched}");
+    assert_eq!(fetched["working_set"]["chunks"].as_u64(), Some(chunks));
+    assert!(
+        b.agent.log().contains(&format!("working_set={chunks}")),
+        "node B's agent prefetched the working set:\n{}",
+        b.agent.log()
+    );
+    let (count, digest, hostname) =
+        wait_for_answer(&b.host.ip.to_string(), Duration::from_secs(10)).unwrap_or_else(|| {
+            panic!(
+                "the working-set clone never answered\n{}",
+                b.containerd.log()
+            )
+        });
+    assert_eq!((count, hostname.as_str()), (2, "web-b4"));
+    assert_eq!(digest, release_digest, "the state is whole");
+    b.remove("web-b4");
     for log in [a.agent.log(), b.agent.log(), scheduler.log_text()] {
         assert!(!log.contains("panicked at"), "{log}");
     }

@@ -34,6 +34,7 @@ pub mod node;
 pub mod ready;
 pub mod release;
 pub mod run;
+pub mod working_set;
 
 pub use app::{checkpoints_of, ARTIFACT_TYPE};
 pub use criu::{Criu, CriuVersion};
@@ -831,9 +832,8 @@ async fn restore_checked(
         Request::Mount {
             image: img.reference.to_string(),
             mountpoint: mountpoint.clone(),
-            record: None,
             platform: None,
-            prefetch: None,
+            plan: Default::default(),
         },
     )
     .await?;

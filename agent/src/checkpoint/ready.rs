@@ -61,6 +61,18 @@ impl std::fmt::Display for Probe {
     }
 }
 
+/// When an app is ready: for `tessera checkpoint --boot`, to be checkpointed; for
+/// `tessera run --record-working-set`, done with its first requests.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    pub probe: Probe,
+    /// How long the app may take to become ready.
+    pub timeout: Duration,
+    /// Waited after the probe first succeeded: the app's own warm-up (caches it
+    /// fills after answering) then lands in the checkpoint, or in the working set.
+    pub settle: Duration,
+}
+
 impl Probe {
     /// One attempt: `Ok(())` when ready, else what the probe saw.
     async fn attempt(&self, http: &reqwest::Client) -> std::result::Result<(), String> {

@@ -5,11 +5,11 @@
 //! Nodes that `tessera run` the image from then on restore it instead of booting.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 
-use super::ready::Probe;
+use super::ready::Readiness;
 use super::run::{self, RestoreChoice, RunOptions, RunSummary};
 use super::{checkpoint, CheckpointOptions, CheckpointSummary, Source};
 use crate::containerd::Containerd;
@@ -17,17 +17,6 @@ use crate::convert::ConvertProgress;
 use crate::registry::client::RegistryClient;
 use crate::registry::reference::Reference;
 use crate::Result;
-
-/// When the booted app is ready to be checkpointed.
-#[derive(Debug, Clone)]
-pub struct Readiness {
-    pub probe: Probe,
-    /// How long the boot may take to become ready.
-    pub timeout: Duration,
-    /// Waited after the probe first succeeded: the app's own warm-up (caches it
-    /// fills after answering) then lands in the checkpoint.
-    pub settle: Duration,
-}
 
 /// What `tessera checkpoint --boot` did.
 #[derive(Debug, Clone, Serialize)]

@@ -22,11 +22,13 @@ use serde::Serialize;
 use super::app::Listed;
 use super::criu::LazyPages;
 use super::node::NodeInfo;
+use super::ready::Readiness;
+use super::working_set::{self, WorkingSet};
 use super::{
     checkpoints_of, first_restorable, manifest_annotations, ContainerdAt, Criu, Kind,
     CONTAINER_FILE,
 };
-use crate::api::{self, Request};
+use crate::api::{self, ReadChunks, ReadPlan, Request};
 use crate::config::Prefetch;
 use crate::containerd::spec;
 use crate::containerd::tasks::{ContainerRecord, Start, RUNC_V2};
@@ -86,6 +88,32 @@ pub struct RunOptions {
     /// (`criu lazy-pages` serves its page faults from the mount through userfaultfd
     /// and sends the rest after), so the restore stops growing with the heap.
     pub lazy_pages: bool,
+    /// Record this restore's working set (`working_set`): the checkpoint's chunks read
+    /// from its mount until the probe says the app answered (and its settle time
+    /// passed), pushed as a referrer of the checkpoint. Without it, a restore fetches
+    /// the checkpoint's newest recorded working set first, if it has one.
+    pub record_working_set: Option<Readiness>,
+}
+
+/// What a restore did with the checkpoint's working set.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "how", rename_all = "snake_case")]
+pub enum WorkingSetUse {
+    /// The checkpoint's recorded working set was fetched first.
+    Fetched {
+        chunks: usize,
+        compressed_bytes: u64,
+    },
+    /// This restore's working set was recorded and pushed as `reference`.
+    Recorded {
+        reference: String,
+        chunks: usize,
+        compressed_bytes: u64,
+        /// From the restore's start until the probe's first success.
+        ready_seconds: f64,
+    },
+    /// Recording was asked for and failed (the container runs on).
+    NotRecorded { why: String },
 }
 
 /// How the container started.
@@ -130,6 +158,8 @@ pub struct RunSummary {
     /// memory had arrived (the app ran meanwhile).
     pub lazy_pages: bool,
     pub pages_seconds: Option<f64>,
+    /// A restore's use of the checkpoint's working set, if it had one or recorded one.
+    pub working_set: Option<WorkingSetUse>,
     /// The container's output.
     pub log: PathBuf,
     pub seconds: f64,
@@ -157,6 +187,30 @@ impl std::fmt::Display for RunSummary {
                     mib(self.origin_wire_bytes),
                     mib(self.peer_bytes)
                 )?;
+                match &self.working_set {
+                    Some(WorkingSetUse::Fetched {
+                        chunks,
+                        compressed_bytes,
+                    }) => writeln!(
+                        f,
+                        "  working set {chunks} chunks ({:.1} MiB) fetched first",
+                        mib(*compressed_bytes)
+                    )?,
+                    Some(WorkingSetUse::Recorded {
+                        reference,
+                        chunks,
+                        compressed_bytes,
+                        ready_seconds,
+                    }) => writeln!(
+                        f,
+                        "  working set {chunks} chunks ({:.1} MiB) read until ready after {ready_seconds:.2} s: pushed as {reference}",
+                        mib(*compressed_bytes)
+                    )?,
+                    Some(WorkingSetUse::NotRecorded { why }) => {
+                        writeln!(f, "  working set not recorded: {why}")?
+                    }
+                    None => {}
+                }
                 for s in skipped {
                     writeln!(f, "  skipped    {s}")?;
                 }
@@ -234,6 +288,7 @@ pub async fn run(
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let log = opts.log.clone().unwrap_or_else(|| dir.join("output.log"));
     let base = Base {
+        client,
         c: &c,
         opts,
         image_name: &pulled.image,
@@ -312,7 +367,7 @@ async fn choose(client: &RegistryClient, app: &PlatformImage, opts: &RunOptions)
 
 /// What the checkpoint's lazy mount read and fetched, and how long the mount and the
 /// restore took.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Read {
     bytes: u64,
     origin_wire: u64,
@@ -321,10 +376,12 @@ struct Read {
     restore_seconds: f64,
     /// With lazy pages: until the last page arrived.
     pages_seconds: Option<f64>,
+    working_set: Option<WorkingSetUse>,
 }
 
 /// What a restore and a boot share.
 struct Base<'a> {
+    client: &'a RegistryClient,
     c: &'a Containerd,
     opts: &'a RunOptions,
     /// The app image's name in containerd.
@@ -346,14 +403,34 @@ impl Base<'_> {
         for d in [&mountpoint, &work] {
             std::fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
         }
+        let mut plan = ReadPlan {
+            prefetch: Some(self.opts.prefetch),
+            record_chunks: self.opts.record_working_set.is_some(),
+            ..ReadPlan::default()
+        };
+        let mut working_set = None;
+        if !plan.record_chunks {
+            match working_set::find(self.client, &chosen.image).await {
+                Ok(Some(set)) => {
+                    working_set = Some(WorkingSetUse::Fetched {
+                        chunks: set.chunks.len(),
+                        compressed_bytes: set.compressed_bytes,
+                    });
+                    plan.first = set.chunks;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(checkpoint = %chosen.name, error = %e, "its working set could not be read; restoring without")
+                }
+            }
+        }
         api::call(
             &self.opts.socket,
             Request::Mount {
                 image: chosen.image.reference.to_string(),
                 mountpoint: mountpoint.clone(),
-                record: None,
                 platform: None,
-                prefetch: Some(self.opts.prefetch),
+                plan,
             },
         )
         .await?;
@@ -361,6 +438,15 @@ impl Base<'_> {
         let t = Instant::now();
         let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
         let restore_seconds = t.elapsed().as_secs_f64();
+        if let (Ok((pid, _)), Some(ready)) = (&restored, &self.opts.record_working_set) {
+            let recorded = self
+                .record_working_set(&chosen.image, &mountpoint, ready, *pid, t)
+                .await;
+            working_set = Some(recorded.unwrap_or_else(|e| {
+                tracing::warn!(checkpoint = %chosen.name, error = %e, "the working set was not recorded");
+                WorkingSetUse::NotRecorded { why: e.to_string() }
+            }));
+        }
         // With lazy pages the memory is still arriving from the mount: it stays until
         // the daemon has sent every page.
         let (restored, pages_seconds) = match restored {
@@ -408,6 +494,7 @@ impl Base<'_> {
             mount_seconds,
             restore_seconds,
             pages_seconds,
+            working_set,
         };
         let outcome = Outcome::Restored {
             checkpoint: chosen.name,
@@ -415,6 +502,60 @@ impl Base<'_> {
             notes: chosen.notes,
         };
         Ok((pid, outcome, read))
+    }
+
+    /// Waits for `ready` (the restored app, `pid`, answering its first requests), then
+    /// pushes the chunks of `checkpoint` its mount at `mountpoint` read since
+    /// `restore_started` as the checkpoint's working set.
+    async fn record_working_set(
+        &self,
+        checkpoint: &PlatformImage,
+        mountpoint: &Path,
+        ready: &Readiness,
+        pid: u32,
+        restore_started: Instant,
+    ) -> Result<WorkingSetUse> {
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        ready
+            .probe
+            .wait(ready.timeout, async || {
+                if proc.exists() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the restored app (pid {pid}) exited before it answered; its output is in {}",
+                        self.log.display()
+                    ))
+                }
+            })
+            .await?;
+        let ready_seconds = restore_started.elapsed().as_secs_f64();
+        tokio::time::sleep(ready.settle).await;
+        let read = api::call(
+            &self.opts.socket,
+            Request::ReadChunks {
+                mountpoint: mountpoint.to_path_buf(),
+            },
+        )
+        .await?;
+        let read: ReadChunks = serde_json::from_value(read)
+            .map_err(|e| Error::Agent(format!("the agent's answer to read_chunks: {e}")))?;
+        if read.truncated {
+            tracing::warn!(
+                "the app read more than a recording keeps; the working set has its first reads"
+            );
+        }
+        let set = WorkingSet {
+            chunks: read.chunks,
+            compressed_bytes: read.compressed_bytes,
+        };
+        let reference = working_set::push(self.client, checkpoint, &set).await?;
+        Ok(WorkingSetUse::Recorded {
+            reference: reference.to_string(),
+            chunks: set.chunks.len(),
+            compressed_bytes: set.compressed_bytes,
+            ready_seconds,
+        })
     }
 
     /// Restores the container recorded in checkpoint `name`, mounted at `mountpoint`,
@@ -578,6 +719,7 @@ impl Base<'_> {
             restore_seconds: read.restore_seconds,
             lazy_pages: read.pages_seconds.is_some(),
             pages_seconds: read.pages_seconds,
+            working_set: read.working_set,
             log: self.log.to_path_buf(),
             seconds: started.elapsed().as_secs_f64(),
         }

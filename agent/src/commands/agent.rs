@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use tessera_agent::api::{self, Request};
+use tessera_agent::api::{self, ReadPlan, Request};
 use tessera_agent::config::{parse_size, AgentConfig, Prefetch, DEFAULT_SOCKET};
 use tessera_agent::daemon::{
     self, CacheUsage, Listeners, MountStatus, PruneReport, Status, VerifyReport,
@@ -406,9 +406,12 @@ pub fn mount(args: MountArgs) -> Result<()> {
         Request::Mount {
             image: args.image.clone(),
             mountpoint: abs(&args.mountpoint),
-            record: args.record.as_ref().map(abs),
             platform: args.platform.clone(),
-            prefetch: args.prefetch,
+            plan: ReadPlan {
+                record: args.record.as_ref().map(abs),
+                prefetch: args.prefetch,
+                ..ReadPlan::default()
+            },
         },
     )
     .with_context(|| format!("mount {}", args.image))?;

@@ -10,8 +10,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rafs_format::builder::BuildOptions;
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
-use tessera_agent::checkpoint::ready::Probe;
-use tessera_agent::checkpoint::release::{self, Readiness};
+use tessera_agent::checkpoint::ready::{Probe, Readiness};
+use tessera_agent::checkpoint::release;
 use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions};
 use tessera_agent::checkpoint::{
     self, CheckpointOptions, ContainerdAt, Criu, DictChoice, RestoreOptions, Source,
@@ -239,6 +239,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             log: None,
             prefetch: Prefetch::None,
             lazy_pages: false,
+            record_working_set: None,
         };
         let ready = Readiness {
             probe: probe.clone(),
@@ -364,6 +365,21 @@ pub struct RunArgs {
     /// and sends the rest after (this command returns once it has).
     #[arg(long)]
     lazy_pages: bool,
+    /// Record this restore's working set and push it beside the checkpoint, as its
+    /// referrer (push access to the image's repository needed): the checkpoint's
+    /// chunks read from the restore's start until PROBE first succeeds and --settle
+    /// after. Later restores of the checkpoint fetch those chunks first. PROBE is
+    /// `http://HOST:PORT/PATH` (a GET answered 2xx or 3xx: the app's first request),
+    /// `tcp://HOST:PORT` or `exec:COMMAND`, as `tessera checkpoint --ready`.
+    #[arg(long, value_name = "PROBE", conflicts_with = "boot")]
+    record_working_set: Option<Probe>,
+    /// With --record-working-set: how long the restored app may take to answer.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    ready_timeout: u64,
+    /// With --record-working-set: how long to go on recording after the first answer
+    /// (more requests the app's clients make early then land in the working set).
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    settle: u64,
     /// Registry credentials, `USER:PASSWORD` (else the credentials file); the agent
     /// uses its own for the mounts.
     #[arg(long, env = "TESSERA_CREDS", value_parser = parse_user_password, hide_env_values = true)]
@@ -403,6 +419,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             RestorePrefetch::None => Prefetch::None,
         },
         lazy_pages: args.lazy_pages,
+        record_working_set: args.record_working_set.clone().map(|probe| Readiness {
+            probe,
+            timeout: Duration::from_secs(args.ready_timeout),
+            settle: Duration::from_secs(args.settle),
+        }),
     };
     let summary = runtime()?
         .block_on(checkpoint::run::run(&client, &args.image, &opts))

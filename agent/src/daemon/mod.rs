@@ -315,15 +315,13 @@ impl Agent {
             Request::Mount {
                 image,
                 mountpoint,
-                record,
                 platform,
-                prefetch,
+                plan,
             } => {
-                let status = self
-                    .mount(&image, &mountpoint, record, platform, prefetch)
-                    .await?;
+                let status = self.mount(&image, &mountpoint, platform, plan).await?;
                 Ok(to_json(status))
             }
+            Request::ReadChunks { mountpoint } => Ok(to_json(self.read_chunks(&mountpoint)?)),
             Request::Umount { mountpoint } => {
                 let status = self.umount(&mountpoint).await?;
                 Ok(to_json(status))

@@ -3,7 +3,7 @@
 //! (`daemon::lifecycle`) and, after it, prefetch.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -13,7 +13,9 @@ use rafs_format::reader::{Bootstrap, Verify};
 use super::lifecycle::Mount;
 use super::mounted::MountedImage;
 use super::prefetch::prefetch_image;
+use super::recorder::ChunkRecorder;
 use super::{Agent, MountStatus, Recorder};
+use crate::api::{ReadChunks, ReadPlan};
 use crate::config::Prefetch;
 use crate::fetch::{ImageChunks, RegistryOrigin};
 use crate::fs::handover::Attach;
@@ -40,15 +42,14 @@ impl Agent {
         self: &Arc<Self>,
         image: &str,
         mountpoint: &Path,
-        record: Option<PathBuf>,
         platform: Option<String>,
-        prefetch: Option<Prefetch>,
+        plan: ReadPlan,
     ) -> Result<MountStatus> {
         let tree = ImageTree {
             platform,
             layers: Layers::All,
         };
-        self.mount_with(image, mountpoint, record, tree, prefetch, Attach::Mount)
+        self.mount_with(image, mountpoint, tree, plan, Attach::Mount)
             .await
     }
 
@@ -59,9 +60,8 @@ impl Agent {
         self: &Arc<Self>,
         image: &str,
         mountpoint: &Path,
-        record: Option<PathBuf>,
         tree: ImageTree,
-        prefetch: Option<Prefetch>,
+        plan: ReadPlan,
         attach: Attach,
     ) -> Result<MountStatus> {
         let started = Instant::now();
@@ -91,10 +91,13 @@ impl Agent {
             format!("{image} at {}", mountpoint.display()),
             chunks.keys(),
         );
-        let recorder = match &record {
+        let recorder = match &plan.record {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
         };
+        let chunk_recorder = plan
+            .record_chunks
+            .then(|| ChunkRecorder::new(bootstrap.clone()));
         let mounted_image = Arc::new(MountedImage {
             chunks,
             fetcher: self.fetcher.clone(),
@@ -110,6 +113,7 @@ impl Agent {
             reads: AtomicU64::new(0),
             first_byte: OnceLock::new(),
             recorder,
+            chunk_recorder,
             slow_read: Duration::from_millis(self.config.fetch.slow_read_ms),
             slow_reads: AtomicU64::new(0),
             slow_logged_ms: AtomicU64::new(0),
@@ -124,7 +128,8 @@ impl Agent {
             // wants every open of a file open with a backing file to name the same
             // one, and a session that takes a connection over cannot register any.
             passthrough: self.config.passthrough
-                && record.is_none()
+                && plan.record.is_none()
+                && !plan.record_chunks
                 && matches!(attach, Attach::Mount),
         };
         let mount = Mount::attach(
@@ -137,12 +142,13 @@ impl Agent {
             pin,
         )
         .await?;
-        let mode = prefetch.unwrap_or(self.config.prefetch);
-        if mode != Prefetch::None {
+        let mode = plan.prefetch.unwrap_or(self.config.prefetch);
+        if mode != Prefetch::None || !plan.first.is_empty() {
             let task = tokio::spawn(prefetch_image(
                 self.fetcher.clone(),
                 mounted_image,
                 mode,
+                plan.first,
                 self.config.fetch.prefetch_concurrency,
             ));
             mount.set_prefetch(task);
@@ -168,6 +174,31 @@ impl Agent {
                 problem: "not a Tessera mount of this agent",
             })?;
         Ok(mount.unmount().await)
+    }
+
+    /// The chunks the mount at `mountpoint` has read so far, in first-read order (it
+    /// must have been made with `ReadPlan::record_chunks`).
+    pub fn read_chunks(&self, mountpoint: &Path) -> Result<ReadChunks> {
+        let key = Self::canonical(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+        let mount = self
+            .mounts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| Error::Mountpoint {
+                path: key.clone(),
+                problem: "not a Tessera mount of this agent",
+            })?;
+        mount
+            .image
+            .chunk_recorder
+            .as_ref()
+            .map(ChunkRecorder::read)
+            .ok_or(Error::Mountpoint {
+                path: key,
+                problem: "not mounted with record_chunks: it keeps no record of its reads",
+            })
     }
 
     /// `reference` resolved for `platform` (the host's when `None`), with its verified

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, UnixListener};
 
 use super::mounts::ImageTree;
 use super::{local_api, serve_metrics, Agent};
+use crate::api::ReadPlan;
 use crate::config::AgentConfig;
 use crate::cri::{self, CriProxy};
 use crate::fs::handover::{Attach, Keeper};
@@ -282,7 +283,7 @@ impl LazyMounts for Arc<Agent> {
                 platform: None,
                 layers,
             };
-            self.mount_with(image, dir, None, tree, None, Attach::Mount)
+            self.mount_with(image, dir, tree, ReadPlan::default(), Attach::Mount)
                 .await
                 .map(|_| ())
         })
@@ -321,7 +322,7 @@ impl Images for Arc<Agent> {
                 platform: None,
                 layers: Layers::first(layers),
             };
-            self.mount_with(image, dir, None, tree, None, attach)
+            self.mount_with(image, dir, tree, ReadPlan::default(), attach)
                 .await
                 .map(|_| ())
         })

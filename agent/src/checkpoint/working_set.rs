@@ -1,0 +1,229 @@
+//! A checkpoint's working set: the chunks of the checkpoint that a restore and the
+//! app's first requests after it read, in the order they were first read. `tessera run
+//! --record-working-set` records it on one restore (the agent keeps the mount's reads:
+//! `Request::ReadChunks`) and pushes it as an OCI 1.1 referrer of the checkpoint
+//! manifest (artifactType [`ARTIFACT_TYPE`], one JSON layer); every later `tessera
+//! run` that restores the checkpoint finds it and has the agent fetch those chunks
+//! first, many at once, before anything else is prefetched (`ReadPlan::first`). With
+//! CRIU's lazy pages the app then faults in memory that is mostly already on the node.
+//!
+//! The list is a hint, not a trust boundary: it names chunks by their index in the
+//! checkpoint's own chunk table, so the worst a wrong list can do is fetch chunks of
+//! that checkpoint early (each is verified against the bootstrap as always).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::app::{rfc3339_utc, subject_of, CREATED_ANNOTATION};
+use crate::registry::client::RegistryClient;
+use crate::registry::image::PlatformImage;
+use crate::registry::reference::Reference;
+use crate::registry::referrers::{self, Artifact, Descriptor};
+use crate::{Error, Result};
+
+/// The `artifactType` of a working set's manifest.
+pub const ARTIFACT_TYPE: &str = "application/vnd.tessera.checkpoint.working-set.v1";
+/// The media type of its one layer: a [`WorkingSet`] as JSON.
+pub const MEDIA_TYPE: &str = "application/vnd.tessera.checkpoint.working-set.v1+json";
+/// A working set's layer is read whole into memory: no bigger than this (4 M chunks).
+const MAX_BYTES: u64 = 64 << 20;
+
+/// What a working set's layer holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkingSet {
+    /// Indices into the checkpoint's chunk table, in first-read order.
+    pub chunks: Vec<u32>,
+    /// Their stored (compressed) bytes, as recorded: what prefetching them moves.
+    pub compressed_bytes: u64,
+}
+
+/// Pushes `set` as the working set of `checkpoint` (a referrer of its manifest, in its
+/// repository). Returns the working set's manifest, pinned by digest.
+pub async fn push(
+    client: &RegistryClient,
+    checkpoint: &PlatformImage,
+    set: &WorkingSet,
+) -> Result<Reference> {
+    let bytes = serde_json::to_vec(set).map_err(|e| protocol(checkpoint, e.to_string()))?;
+    let digest = format!(
+        "sha256:{}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
+    );
+    let mut file =
+        tempfile::NamedTempFile::new().map_err(|e| Error::io("create", std::env::temp_dir(), e))?;
+    file.write_all(&bytes)
+        .map_err(|e| Error::io("write", file.path(), e))?;
+    let repo = Reference {
+        tag: None,
+        digest: None,
+        ..checkpoint.reference.clone()
+    };
+    client
+        .push_blob(
+            &repo,
+            &digest,
+            bytes.len() as u64,
+            file.path(),
+            None,
+            &|_| {},
+        )
+        .await?;
+    let layer = Descriptor {
+        media_type: MEDIA_TYPE.into(),
+        digest,
+        size: bytes.len() as u64,
+        artifact_type: None,
+        annotations: BTreeMap::new(),
+    };
+    let subject = subject_of(checkpoint);
+    let artifact = Artifact {
+        subject: &subject,
+        artifact_type: ARTIFACT_TYPE,
+        layers: std::slice::from_ref(&layer),
+        annotations: BTreeMap::from([(
+            CREATED_ANNOTATION.to_string(),
+            rfc3339_utc(std::time::SystemTime::now()),
+        )]),
+    };
+    let pushed = referrers::push(client, &repo, &artifact).await?;
+    Ok(Reference {
+        digest: Some(pushed.digest),
+        ..repo
+    })
+}
+
+/// The newest working set recorded for `checkpoint`, if any.
+pub async fn find(
+    client: &RegistryClient,
+    checkpoint: &PlatformImage,
+) -> Result<Option<WorkingSet>> {
+    let mut found = referrers::list(
+        client,
+        &checkpoint.reference,
+        &checkpoint.raw.digest,
+        Some(ARTIFACT_TYPE),
+    )
+    .await?;
+    // Newest first (RFC 3339 in UTC orders as text), ties by digest.
+    found.sort_by(|a, b| {
+        let created = |d: &Descriptor| d.annotations.get(CREATED_ANNOTATION).cloned();
+        created(b)
+            .cmp(&created(a))
+            .then_with(|| a.digest.cmp(&b.digest))
+    });
+    let Some(newest) = found.first() else {
+        return Ok(None);
+    };
+    let manifest_ref = Reference {
+        tag: None,
+        digest: Some(newest.digest.clone()),
+        ..checkpoint.reference.clone()
+    };
+    let manifest = client.manifest(&manifest_ref).await?;
+    let layer = layer_of(&manifest.bytes).map_err(|why| protocol(checkpoint, why))?;
+    let mut bytes = Vec::with_capacity(layer.size as usize);
+    let len = client
+        .blob(&checkpoint.reference, &layer.digest, &mut bytes)
+        .await?;
+    if len != layer.size {
+        return Err(protocol(
+            checkpoint,
+            format!(
+                "its layer is {len} bytes where its manifest says {}",
+                layer.size
+            ),
+        ));
+    }
+    parse(&bytes)
+        .map(Some)
+        .map_err(|why| protocol(checkpoint, why))
+}
+
+/// The one layer of a working set's manifest: its digest and size, checked.
+fn layer_of(manifest: &[u8]) -> std::result::Result<Descriptor, String> {
+    let v: Value =
+        serde_json::from_slice(manifest).map_err(|e| format!("its manifest is not JSON: {e}"))?;
+    let layer = v
+        .get("layers")
+        .and_then(Value::as_array)
+        .and_then(|l| l.first())
+        .ok_or("its manifest has no layer")?;
+    let field = |k: &str| layer.get(k).and_then(Value::as_str);
+    if field("mediaType") != Some(MEDIA_TYPE) {
+        return Err(format!("its layer is not a {MEDIA_TYPE}"));
+    }
+    let digest = field("digest")
+        .filter(|d| d.starts_with("sha256:"))
+        .ok_or("its layer has no sha256 digest")?;
+    let size = layer
+        .get("size")
+        .and_then(Value::as_u64)
+        .ok_or("its layer has no size")?;
+    if size > MAX_BYTES {
+        return Err(format!(
+            "its layer is {size} bytes, more than the {MAX_BYTES} a working set may have"
+        ));
+    }
+    Ok(Descriptor {
+        media_type: MEDIA_TYPE.into(),
+        digest: digest.to_string(),
+        size,
+        artifact_type: None,
+        annotations: BTreeMap::new(),
+    })
+}
+
+/// A working set's layer, parsed.
+fn parse(bytes: &[u8]) -> std::result::Result<WorkingSet, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("its layer is not a working set: {e}"))
+}
+
+fn protocol(checkpoint: &PlatformImage, reason: impl Into<String>) -> Error {
+    Error::Protocol {
+        registry: checkpoint.reference.registry.clone(),
+        repository: checkpoint.reference.repository.clone(),
+        what: format!("working set of {}", checkpoint.raw.digest),
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_working_set_manifest_names_one_json_layer_of_bounded_size() {
+        let manifest = |media: &str, size: u64| {
+            serde_json::to_vec(&serde_json::json!({
+                "layers": [{"mediaType": media, "digest": format!("sha256:{}", "a".repeat(64)), "size": size}]
+            }))
+            .unwrap()
+        };
+        let layer = layer_of(&manifest(MEDIA_TYPE, 120)).unwrap();
+        assert_eq!(layer.size, 120);
+        assert!(layer_of(&manifest("application/octet-stream", 120))
+            .unwrap_err()
+            .contains("not a application/vnd.tessera.checkpoint.working-set.v1+json"));
+        assert!(layer_of(&manifest(MEDIA_TYPE, MAX_BYTES + 1))
+            .unwrap_err()
+            .contains("more than"));
+        assert!(layer_of(b"{\"layers\": []}")
+            .unwrap_err()
+            .contains("no layer"));
+        assert!(layer_of(b"not json").unwrap_err().contains("not JSON"));
+    }
+
+    #[test]
+    fn a_working_set_reads_back_as_written_and_junk_is_refused() {
+        let set = WorkingSet {
+            chunks: vec![7, 3, 9],
+            compressed_bytes: 4096,
+        };
+        assert_eq!(parse(&serde_json::to_vec(&set).unwrap()).unwrap(), set);
+        assert!(parse(b"{\"chunks\": [-1]}").is_err());
+        assert!(parse(b"[]").is_err());
+    }
+}
