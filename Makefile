@@ -183,7 +183,7 @@ bench-smoke:
 	  { echo "bench-smoke: RESULTS.md has no lazy-start tables"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^\*\*restore on a cold node: .*× sooner than a cold boot\*\*$$' target/bench-smoke/RESULTS.md && \
 	  grep -q '^| tessera restore, checkpoint on a peer |' target/bench-smoke/RESULTS.md && \
-	  grep -q '^working-set prefetch: not built yet' target/bench-smoke/RESULTS.md || \
+	  grep -q '^| tessera restore, lazy pages + working set (cold node) |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no restore table"; cat target/bench-smoke/RESULTS.md; exit 1; }
 	@grep -q '^| tessera convert |' target/bench-smoke/RESULTS.md && grep -q '^| tessera, CDC avg 1M |' target/bench-smoke/RESULTS.md || \
 	  { echo "bench-smoke: RESULTS.md has no conversion tables"; cat target/bench-smoke/RESULTS.md; exit 1; }

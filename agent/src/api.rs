@@ -31,10 +31,12 @@ pub enum Request {
     Umount {
         mountpoint: PathBuf,
     },
-    /// The chunks a mount made with `record_chunks` has read so far, in first-read
-    /// order: a checkpoint's working set (docs/checkpoints.md).
-    ReadChunks {
+    /// The chunks of the image mounted at `mountpoint` that hold `ranges` of its
+    /// files, each once, in the order of the ranges: a checkpoint's working set
+    /// (docs/checkpoints.md).
+    ChunksOf {
         mountpoint: PathBuf,
+        ranges: Vec<FileRange>,
     },
     Status,
     /// Verify every cached chunk now (`tessera cache verify`), dropping what fails.
@@ -64,22 +66,27 @@ pub struct ReadPlan {
     /// `prefetch: none`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first: Vec<u32>,
-    /// Keep which chunks the workload reads, for [`Request::ReadChunks`].
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub record_chunks: bool,
 }
 
-/// The chunks a mount has read ([`Request::ReadChunks`]'s answer).
+/// Bytes `offset..offset + len` of the file at `path` (from the image's root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRange {
+    pub path: String,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Chunks of an image ([`Request::ChunksOf`]'s answer).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ReadChunks {
+pub struct ChunkList {
     /// Chunk-table indices, each once, in first-read order.
     pub chunks: Vec<u32>,
     /// Their stored (compressed) bytes: what fetching them moves.
     pub compressed_bytes: u64,
     /// Their bytes once decompressed.
     pub bytes: u64,
-    /// True if the mount made more reads than a recording keeps (the first ones are kept).
-    pub truncated: bool,
+    /// Ranges that name no regular file of the image (left out).
+    pub unknown: usize,
 }
 
 /// A request as sent: the token matters only on TCP.

@@ -168,6 +168,11 @@ pub enum Error {
     #[error("criu {action}: {reason}")]
     Criu { action: String, reason: String },
 
+    /// One of CRIU's image files in a checkpoint is not what CRIU writes (a truncated
+    /// or foreign file): `file` is its name in the checkpoint.
+    #[error("CRIU image {file}: {reason}")]
+    CriuImage { file: String, reason: String },
+
     /// `tessera checkpoint --boot`: the booted app did not become ready (its probe
     /// never succeeded within the timeout, or the app exited).
     #[error("the app never became ready ({probe}): {reason}")]

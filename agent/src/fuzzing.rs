@@ -1,6 +1,7 @@
 //! Entry points for the cargo-fuzz targets in `agent/fuzz/`, over the parsers of bytes
 //! that come from registries, users or the network: `WWW-Authenticate` challenges,
-//! manifests and indexes, image configs, docker `config.json`, and the P2P wire messages. `tests/fuzz_regressions.rs` replays the checked-in
+//! manifests and indexes, image configs, docker `config.json`, the P2P wire messages, and
+//! CRIU page maps from checkpoints. `tests/fuzz_regressions.rs` replays the checked-in
 //! inputs through the same functions on stable Rust. None may panic.
 
 use std::path::Path;
@@ -147,6 +148,20 @@ pub fn wire_message(data: &[u8]) {
             if let Ok(m) = pb::FetchChunksRequest::decode(bytes) {
                 let _ = domain::FetchChunks::try_from(m);
             }
+        }
+    }
+}
+
+/// A CRIU page map from a checkpoint (untrusted: a registry's), and a lazy-pages log:
+/// parsed, every faulted address looked up in it.
+pub fn criu_pagemap(data: &[u8]) {
+    use crate::checkpoint::pagemap::{faults, Pagemap};
+    if let Ok(map) = Pagemap::parse("pagemap-1.img", data) {
+        for e in &map.entries {
+            let _ = map.offset_of(e.vaddr.saturating_add(e.pages.saturating_mul(4096)));
+        }
+        for (_, addr) in faults(&String::from_utf8_lossy(data)) {
+            let _ = map.offset_of(addr);
         }
     }
 }

@@ -63,3 +63,8 @@ fn docker_configs() {
 fn wire_messages() {
     replay("wire_message", tessera_agent::fuzzing::wire_message);
 }
+
+#[test]
+fn criu_pagemaps() {
+    replay("criu_pagemap", tessera_agent::fuzzing::criu_pagemap);
+}

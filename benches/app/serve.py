@@ -1,9 +1,13 @@
 # The restore benchmark's app (benches/app_image.sh): a service that is slow to boot for
 # real reasons. It imports the image's Python stack, builds an in-memory search index of
 # generated documents (a TF-IDF matrix, a frame of their attributes, per-category
-# statistics and a dict from key to row), then serves GET / with a checksum of that index:
-# the same on every boot and after every restore, so a first answer proves the index is
-# there. Usage: serve.py PORT full|small (small: the smoke image's stdlib-only variant).
+# statistics and a dict from key to row), then serves two requests:
+# - GET /doc/KEY: one document's row (its price, category, embedding and TF-IDF terms),
+#   what a request to a search service reads: a few pages of a big heap;
+# - GET /: a checksum of the whole index, which reads all of it.
+# Both answers are the same on every boot and after every restore, so an answer proves
+# what it read is there. Usage: serve.py PORT full|small (small: the smoke image's
+# stdlib-only variant).
 import gc, hashlib, http.server, os, sys, time
 
 started = time.time()
@@ -43,7 +47,14 @@ if mode == "full":
     arrays = [np.ascontiguousarray(a) for a in (
         tfidf.data, tfidf.indices, tfidf.indptr, embeddings, frame["price"].to_numpy(),
         frame["category"].to_numpy(), stats.to_numpy(), model.coef_)]
+    data, _, indptr, embeddings, price, category = arrays[:6]
     del picks, docs
+
+    def lookup(key):
+        row = by_key[key]
+        terms = data[indptr[row]:indptr[row + 1]]
+        return (f"{key} {row} {price[row]:.6f} {category[row]} {float(embeddings[row].sum()):.6f} "
+                f"{len(terms)} {float(terms.sum()):.6f}")
 else:
     import random, benchpkg
 
@@ -53,7 +64,14 @@ else:
     by_key = {f"doc-{i:07d}": rng.randrange(1 << 30) for i in range(rows)}
     arrays = [blob]
 
+    def lookup(key):
+        value = by_key[key]
+        return f"{key} {value} {blob[value % len(blob)]}"
+
 gc.collect()
+# What pre-forking servers do (gunicorn's, uWSGI's apps): the boot's objects leave the
+# collector's generations, so a collection during a request does not walk the heap.
+gc.freeze()
 key_digest = hashlib.sha256(repr(sorted(by_key.items())[:1000]).encode() + str(len(by_key)).encode()).hexdigest()
 index_bytes = sum(len(memoryview(a).cast("B")) for a in arrays)
 
@@ -67,7 +85,14 @@ def checksum():
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = f"{checksum()} {index_bytes} {len(by_key)}\n".encode()
+        if self.path.startswith("/doc/"):
+            key = self.path[len("/doc/"):]
+            if key not in by_key:
+                self.send_error(404)
+                return
+            body = f"{lookup(key)}\n".encode()
+        else:
+            body = f"{checksum()} {index_bytes} {len(by_key)}\n".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -23,6 +23,9 @@ pub const CRIU_HINT: &str = "build CRIU 4.2.1 with `make criu-deps` (it lands in
      target/tools/criu/criu) and pass it with --criu PATH; Debian bookworm's criu 3.17 \
      fails `criu check` on recent kernels";
 
+/// The log of `criu lazy-pages`, in its work dir.
+pub const LAZY_PAGES_LOG: &str = "lazy-pages.log";
+
 /// A CRIU version, as `criu --version` prints it (`Version: 4.2.1`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CriuVersion {
@@ -133,15 +136,19 @@ impl Criu {
     /// the restoring CRIU, given `--lazy-pages` and the same work dir, finds it): it
     /// serves the restored tree's page faults from the images through userfaultfd and
     /// sends the pages nobody asked for after, then exits. Returns once it listens.
-    pub fn lazy_pages(&self, images: &Path, work: &Path) -> Result<LazyPages> {
+    /// With `log_faults` its log ([`LAZY_PAGES_LOG`] in `work`) names every fault.
+    pub fn lazy_pages(&self, images: &Path, work: &Path, log_faults: bool) -> Result<LazyPages> {
         let socket = work.join("lazy-pages.socket");
-        let log = work.join("lazy-pages.log");
+        let log = work.join(LAZY_PAGES_LOG);
         let child = Command::new(&self.path)
             .arg("lazy-pages")
             .arg("-D")
             .arg(images)
             .arg("-W")
             .arg(work)
+            // At its debug level it logs every page fault (`#PF at`): a working set's
+            // record (`working_set`).
+            .arg(if log_faults { "-v4" } else { "-v2" })
             .arg("-o")
             .arg(&log)
             .stdin(Stdio::null())

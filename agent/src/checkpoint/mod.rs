@@ -31,6 +31,7 @@ use serde_json::json;
 pub mod app;
 pub mod criu;
 pub mod node;
+pub mod pagemap;
 pub mod ready;
 pub mod release;
 pub mod run;
@@ -552,7 +553,7 @@ fn keep_dump(pid: u32, images: &Path, cause: Error) -> Error {
 /// The checkpoint's prefetch list: every file of the dump (`dir`), in the order a
 /// restore reads them — CRIU's small images first (the process tree, cores, memory
 /// maps, files), then the page data, the bulk. A restore's mount prefetches them so.
-fn restore_order(dir: &Path) -> Result<Vec<String>> {
+pub(super) fn restore_order(dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| Error::io("read", dir, e))? {
         let entry = entry.map_err(|e| Error::io("read", dir, e))?;

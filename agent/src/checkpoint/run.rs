@@ -20,7 +20,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::app::Listed;
-use super::criu::LazyPages;
+use super::criu::{LazyPages, LAZY_PAGES_LOG};
 use super::node::NodeInfo;
 use super::ready::Readiness;
 use super::working_set::{self, WorkingSet};
@@ -28,7 +28,7 @@ use super::{
     checkpoints_of, first_restorable, manifest_annotations, ContainerdAt, Criu, Kind,
     CONTAINER_FILE,
 };
-use crate::api::{self, ReadChunks, ReadPlan, Request};
+use crate::api::{self, ChunkList, ReadPlan, Request};
 use crate::config::Prefetch;
 use crate::containerd::spec;
 use crate::containerd::tasks::{ContainerRecord, Start, RUNC_V2};
@@ -88,11 +88,21 @@ pub struct RunOptions {
     /// (`criu lazy-pages` serves its page faults from the mount through userfaultfd
     /// and sends the rest after), so the restore stops growing with the heap.
     pub lazy_pages: bool,
-    /// Record this restore's working set (`working_set`): the checkpoint's chunks read
-    /// from its mount until the probe says the app answered (and its settle time
-    /// passed), pushed as a referrer of the checkpoint. Without it, a restore fetches
-    /// the checkpoint's newest recorded working set first, if it has one.
-    pub record_working_set: Option<Readiness>,
+    /// What a restore does with the checkpoint's working set (`working_set`).
+    pub working_set: WorkingSetChoice,
+}
+
+/// What a restore does with the checkpoint's working set.
+#[derive(Debug, Clone)]
+pub enum WorkingSetChoice {
+    /// Fetch the checkpoint's newest recorded working set first, if it has one.
+    Use,
+    /// Restore without it.
+    Ignore,
+    /// Record this restore's: the checkpoint's chunks read from its mount until the
+    /// probe says the app answered (and its settle time passed), pushed as a referrer
+    /// of the checkpoint.
+    Record(Readiness),
 }
 
 /// What a restore did with the checkpoint's working set.
@@ -256,6 +266,14 @@ pub async fn run(
     opts: &RunOptions,
 ) -> Result<RunSummary> {
     let started = Instant::now();
+    if matches!(opts.working_set, WorkingSetChoice::Record(_)) && !opts.lazy_pages {
+        return Err(Error::Setting {
+            setting: "--record-working-set".into(),
+            problem: "a working set is recorded from the page faults of a restore with lazy \
+                      pages: add --lazy-pages"
+                .into(),
+        });
+    }
     let c = Containerd::connect(&opts.containerd.address, &opts.containerd.namespace).await?;
     if c.has_container(&opts.id).await? {
         return Err(Error::Setting {
@@ -405,11 +423,10 @@ impl Base<'_> {
         }
         let mut plan = ReadPlan {
             prefetch: Some(self.opts.prefetch),
-            record_chunks: self.opts.record_working_set.is_some(),
             ..ReadPlan::default()
         };
         let mut working_set = None;
-        if !plan.record_chunks {
+        if matches!(self.opts.working_set, WorkingSetChoice::Use) {
             match working_set::find(self.client, &chosen.image).await {
                 Ok(Some(set)) => {
                     working_set = Some(WorkingSetUse::Fetched {
@@ -438,9 +455,10 @@ impl Base<'_> {
         let t = Instant::now();
         let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
         let restore_seconds = t.elapsed().as_secs_f64();
-        if let (Ok((pid, _)), Some(ready)) = (&restored, &self.opts.record_working_set) {
+        if let (Ok((pid, _)), WorkingSetChoice::Record(ready)) = (&restored, &self.opts.working_set)
+        {
             let recorded = self
-                .record_working_set(&chosen.image, &mountpoint, ready, *pid, t)
+                .record_working_set(&chosen.image, &mountpoint, &work, ready, *pid, t)
                 .await;
             working_set = Some(recorded.unwrap_or_else(|e| {
                 tracing::warn!(checkpoint = %chosen.name, error = %e, "the working set was not recorded");
@@ -505,12 +523,14 @@ impl Base<'_> {
     }
 
     /// Waits for `ready` (the restored app, `pid`, answering its first requests), then
-    /// pushes the chunks of `checkpoint` its mount at `mountpoint` read since
-    /// `restore_started` as the checkpoint's working set.
+    /// pushes the working set of `checkpoint`, mounted at `mountpoint`: what its restore
+    /// read, and the pages the app faulted in since (the log of the lazy-pages daemon in
+    /// `work`).
     async fn record_working_set(
         &self,
         checkpoint: &PlatformImage,
         mountpoint: &Path,
+        work: &Path,
         ready: &Readiness,
         pid: u32,
         restore_started: Instant,
@@ -531,23 +551,31 @@ impl Base<'_> {
             .await?;
         let ready_seconds = restore_started.elapsed().as_secs_f64();
         tokio::time::sleep(ready.settle).await;
-        let read = api::call(
+        let log = work.join(LAZY_PAGES_LOG);
+        let dir = mountpoint.to_path_buf();
+        let ranges = tokio::task::spawn_blocking(move || {
+            let faults = std::fs::read(&log).map_err(|e| Error::io("read", &log, e))?;
+            working_set::ranges(&dir, &String::from_utf8_lossy(&faults))
+        })
+        .await
+        .map_err(|e| {
+            Error::Agent(format!(
+                "reading the working set ended without finishing: {e}"
+            ))
+        })??;
+        let list = api::call(
             &self.opts.socket,
-            Request::ReadChunks {
+            Request::ChunksOf {
                 mountpoint: mountpoint.to_path_buf(),
+                ranges,
             },
         )
         .await?;
-        let read: ReadChunks = serde_json::from_value(read)
-            .map_err(|e| Error::Agent(format!("the agent's answer to read_chunks: {e}")))?;
-        if read.truncated {
-            tracing::warn!(
-                "the app read more than a recording keeps; the working set has its first reads"
-            );
-        }
+        let list: ChunkList = serde_json::from_value(list)
+            .map_err(|e| Error::Agent(format!("the agent's answer to chunks_of: {e}")))?;
         let set = WorkingSet {
-            chunks: read.chunks,
-            compressed_bytes: read.compressed_bytes,
+            chunks: list.chunks,
+            compressed_bytes: list.compressed_bytes,
         };
         let reference = working_set::push(self.client, checkpoint, &set).await?;
         Ok(WorkingSetUse::Recorded {
@@ -619,12 +647,14 @@ impl Base<'_> {
                 mountpoint.to_path_buf(),
                 work.to_path_buf(),
             );
-            let started = tokio::task::spawn_blocking(move || criu.lazy_pages(&images, &work))
-                .await
-                .map_err(|e| Error::Criu {
-                    action: "lazy-pages".into(),
-                    reason: format!("its start ended without finishing: {e}"),
-                })??;
+            let verbose = matches!(self.opts.working_set, WorkingSetChoice::Record(_));
+            let started =
+                tokio::task::spawn_blocking(move || criu.lazy_pages(&images, &work, verbose))
+                    .await
+                    .map_err(|e| Error::Criu {
+                        action: "lazy-pages".into(),
+                        reason: format!("its start ended without finishing: {e}"),
+                    })??;
             Some(started)
         } else {
             None

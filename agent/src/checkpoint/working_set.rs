@@ -1,11 +1,18 @@
-//! A checkpoint's working set: the chunks of the checkpoint that a restore and the
-//! app's first requests after it read, in the order they were first read. `tessera run
-//! --record-working-set` records it on one restore (the agent keeps the mount's reads:
-//! `Request::ReadChunks`) and pushes it as an OCI 1.1 referrer of the checkpoint
-//! manifest (artifactType [`ARTIFACT_TYPE`], one JSON layer); every later `tessera
-//! run` that restores the checkpoint finds it and has the agent fetch those chunks
-//! first, many at once, before anything else is prefetched (`ReadPlan::first`). With
-//! CRIU's lazy pages the app then faults in memory that is mostly already on the node.
+//! A checkpoint's working set: the chunks of the checkpoint that a restore with lazy
+//! pages and the app's first requests after it need, in that order. `tessera run
+//! --lazy-pages --record-working-set PROBE` records it on one restore: every file the
+//! restore reads but the page data, the pages it restores itself (the page maps'
+//! entries that are not lazy), then each page the app faulted in until PROBE answered,
+//! in fault order (the lazy-pages daemon logs each fault; the page maps say where the
+//! page lies in the pages file). The agent turns those file ranges into chunks
+//! (`Request::ChunksOf`). Reads of the mount cannot tell this apart: the daemon sends
+//! every other page through the same files from the moment the restore ends.
+//!
+//! It is pushed as an OCI 1.1 referrer of the checkpoint manifest (artifactType
+//! [`ARTIFACT_TYPE`], one JSON layer); every later `tessera run` that restores the
+//! checkpoint finds it and has the agent fetch those chunks first, many at once, before
+//! anything else is prefetched (`ReadPlan::first`). With lazy pages the app then
+//! faults in memory that is mostly on the node already.
 //!
 //! The list is a hint, not a trust boundary: it names chunks by their index in the
 //! checkpoint's own chunk table, so the worst a wrong list can do is fetch chunks of
@@ -13,11 +20,14 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::app::{rfc3339_utc, subject_of, CREATED_ANNOTATION};
+use super::pagemap::{self, Pagemap, PAGE_SIZE};
+use crate::api::FileRange;
 use crate::registry::client::RegistryClient;
 use crate::registry::image::PlatformImage;
 use crate::registry::reference::Reference;
@@ -140,6 +150,68 @@ pub async fn find(
     parse(&bytes)
         .map(Some)
         .map_err(|why| protocol(checkpoint, why))
+}
+
+/// The file ranges of the checkpoint in `dir` (its mount) that a restore with lazy
+/// pages read and the app faulted in, from `faults_log` (`criu lazy-pages -v4`'s):
+/// every file but the page data, whole, in restore order; the pages the restore reads
+/// itself; the pages faulted in, in fault order.
+pub fn ranges(dir: &Path, faults_log: &str) -> Result<Vec<FileRange>> {
+    let mut ranges = Vec::new();
+    let mut maps = BTreeMap::new();
+    for path in super::restore_order(dir)? {
+        let name = path.trim_start_matches('/');
+        if name.starts_with("pages-") {
+            continue;
+        }
+        let file = dir.join(name);
+        let len = std::fs::metadata(&file)
+            .map_err(|e| Error::io("stat", &file, e))?
+            .len();
+        ranges.push(FileRange {
+            path: path.clone(),
+            offset: 0,
+            len,
+        });
+        let pid = name
+            .strip_prefix("pagemap-")
+            .and_then(|rest| rest.strip_suffix(".img"))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            let bytes = std::fs::read(&file).map_err(|e| Error::io("read", &file, e))?;
+            maps.insert(pid, Pagemap::parse(name, &bytes)?);
+        }
+    }
+    for map in maps.values() {
+        for e in map.entries.iter().filter(|e| !e.lazy) {
+            ranges.push(FileRange {
+                path: format!("/{}", map.pages_file),
+                offset: e.offset,
+                len: e.pages * PAGE_SIZE,
+            });
+        }
+    }
+    let faults = pagemap::faults(faults_log);
+    if faults.is_empty() {
+        return Err(Error::Criu {
+            action: "lazy-pages".into(),
+            reason: "its log names no page fault: was it run at -v4, and did the app run?".into(),
+        });
+    }
+    for (pid, addr) in faults {
+        // A page no entry holds was zero-filled: nothing to fetch.
+        if let Some((map, offset)) = maps
+            .get(&pid)
+            .and_then(|m| m.offset_of(addr).map(|o| (m, o)))
+        {
+            ranges.push(FileRange {
+                path: format!("/{}", map.pages_file),
+                offset,
+                len: PAGE_SIZE,
+            });
+        }
+    }
+    Ok(ranges)
 }
 
 /// The one layer of a working set's manifest: its digest and size, checked.

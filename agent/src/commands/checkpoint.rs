@@ -12,7 +12,7 @@ use rafs_format::builder::BuildOptions;
 use rafs_format::chunk::{Chunking, Compression, DigestAlgo};
 use tessera_agent::checkpoint::ready::{Probe, Readiness};
 use tessera_agent::checkpoint::release;
-use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions};
+use tessera_agent::checkpoint::run::{RestoreChoice, RunOptions, WorkingSetChoice};
 use tessera_agent::checkpoint::{
     self, CheckpointOptions, ContainerdAt, Criu, DictChoice, RestoreOptions, Source,
 };
@@ -239,7 +239,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             log: None,
             prefetch: Prefetch::None,
             lazy_pages: false,
-            record_working_set: None,
+            working_set: WorkingSetChoice::Ignore,
         };
         let ready = Readiness {
             probe: probe.clone(),
@@ -365,14 +365,24 @@ pub struct RunArgs {
     /// and sends the rest after (this command returns once it has).
     #[arg(long)]
     lazy_pages: bool,
-    /// Record this restore's working set and push it beside the checkpoint, as its
-    /// referrer (push access to the image's repository needed): the checkpoint's
-    /// chunks read from the restore's start until PROBE first succeeds and --settle
-    /// after. Later restores of the checkpoint fetch those chunks first. PROBE is
+    /// With --lazy-pages: record this restore's working set and push it beside the
+    /// checkpoint, as its referrer (push access to the image's repository needed):
+    /// the checkpoint's chunks the restore read and the pages the app faulted in until
+    /// PROBE first succeeded and --settle after. Later restores of the checkpoint
+    /// fetch those chunks first. PROBE is
     /// `http://HOST:PORT/PATH` (a GET answered 2xx or 3xx: the app's first request),
     /// `tcp://HOST:PORT` or `exec:COMMAND`, as `tessera checkpoint --ready`.
-    #[arg(long, value_name = "PROBE", conflicts_with = "boot")]
+    #[arg(
+        long,
+        value_name = "PROBE",
+        conflicts_with = "boot",
+        requires = "lazy_pages"
+    )]
     record_working_set: Option<Probe>,
+    /// Restore without the checkpoint's recorded working set (by default its chunks
+    /// are fetched first, when it has one).
+    #[arg(long, conflicts_with = "record_working_set")]
+    no_working_set: bool,
     /// With --record-working-set: how long the restored app may take to answer.
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     ready_timeout: u64,
@@ -419,11 +429,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             RestorePrefetch::None => Prefetch::None,
         },
         lazy_pages: args.lazy_pages,
-        record_working_set: args.record_working_set.clone().map(|probe| Readiness {
-            probe,
-            timeout: Duration::from_secs(args.ready_timeout),
-            settle: Duration::from_secs(args.settle),
-        }),
+        working_set: match (&args.record_working_set, args.no_working_set) {
+            (Some(probe), _) => WorkingSetChoice::Record(Readiness {
+                probe: probe.clone(),
+                timeout: Duration::from_secs(args.ready_timeout),
+                settle: Duration::from_secs(args.settle),
+            }),
+            (None, true) => WorkingSetChoice::Ignore,
+            (None, false) => WorkingSetChoice::Use,
+        },
     };
     let summary = runtime()?
         .block_on(checkpoint::run::run(&client, &args.image, &opts))

@@ -321,7 +321,9 @@ impl Agent {
                 let status = self.mount(&image, &mountpoint, platform, plan).await?;
                 Ok(to_json(status))
             }
-            Request::ReadChunks { mountpoint } => Ok(to_json(self.read_chunks(&mountpoint)?)),
+            Request::ChunksOf { mountpoint, ranges } => {
+                Ok(to_json(self.chunks_of(&mountpoint, &ranges)?))
+            }
             Request::Umount { mountpoint } => {
                 let status = self.umount(&mountpoint).await?;
                 Ok(to_json(status))

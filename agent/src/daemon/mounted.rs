@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::recorder::ChunkRecorder;
 use super::Recorder;
 use rafs_format::reader::FileChunk;
 
@@ -64,8 +63,6 @@ pub struct MountedImage {
     pub(super) first_byte: OnceLock<Duration>,
     /// `mount --record`'s file, if asked for.
     pub(super) recorder: Option<Recorder>,
-    /// Every read, for `Request::ReadChunks` (a checkpoint's working set), if asked for.
-    pub(super) chunk_recorder: Option<ChunkRecorder>,
     /// `fetch.slow_read_ms`: a read waiting longer is a slow read.
     pub(super) slow_read: Duration,
     /// Reads that waited longer than `slow_read` (status, metrics).
@@ -191,16 +188,13 @@ impl ChunkReader for MountedImage {
         self.fetcher.fetch_ahead(&self.runtime, &wanted, units);
     }
 
-    fn observe_read(&self, ino: u32, offset: u64, len: u64) {
+    fn observe_read(&self, ino: u32, _offset: u64, len: u64) {
         self.bytes_read.fetch_add(len, Ordering::Relaxed);
         self.fetcher.metrics.read_bytes.inc_by(len);
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.first_byte.get_or_init(|| self.started.elapsed());
         if let Some(r) = &self.recorder {
             r.saw(ino);
-        }
-        if let Some(r) = &self.chunk_recorder {
-            r.saw(ino, offset, len);
         }
     }
 

@@ -2,6 +2,7 @@
 //! bootstrap (stored by layer digest), the mount through the life cycle
 //! (`daemon::lifecycle`) and, after it, prefetch.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
@@ -13,9 +14,9 @@ use rafs_format::reader::{Bootstrap, Verify};
 use super::lifecycle::Mount;
 use super::mounted::MountedImage;
 use super::prefetch::prefetch_image;
-use super::recorder::ChunkRecorder;
+use super::recorder::chunks_of;
 use super::{Agent, MountStatus, Recorder};
-use crate::api::{ReadChunks, ReadPlan};
+use crate::api::{ChunkList, FileRange, ReadPlan};
 use crate::config::Prefetch;
 use crate::fetch::{ImageChunks, RegistryOrigin};
 use crate::fs::handover::Attach;
@@ -95,9 +96,7 @@ impl Agent {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
         };
-        let chunk_recorder = plan
-            .record_chunks
-            .then(|| ChunkRecorder::new(bootstrap.clone()));
+
         let mounted_image = Arc::new(MountedImage {
             chunks,
             fetcher: self.fetcher.clone(),
@@ -113,7 +112,6 @@ impl Agent {
             reads: AtomicU64::new(0),
             first_byte: OnceLock::new(),
             recorder,
-            chunk_recorder,
             slow_read: Duration::from_millis(self.config.fetch.slow_read_ms),
             slow_reads: AtomicU64::new(0),
             slow_logged_ms: AtomicU64::new(0),
@@ -129,7 +127,6 @@ impl Agent {
             // one, and a session that takes a connection over cannot register any.
             passthrough: self.config.passthrough
                 && plan.record.is_none()
-                && !plan.record_chunks
                 && matches!(attach, Attach::Mount),
         };
         let mount = Mount::attach(
@@ -176,9 +173,9 @@ impl Agent {
         Ok(mount.unmount().await)
     }
 
-    /// The chunks the mount at `mountpoint` has read so far, in first-read order (it
-    /// must have been made with `ReadPlan::record_chunks`).
-    pub fn read_chunks(&self, mountpoint: &Path) -> Result<ReadChunks> {
+    /// The chunks of the image mounted at `mountpoint` that hold `ranges` of its files,
+    /// each once, in the order of the ranges.
+    pub fn chunks_of(&self, mountpoint: &Path, ranges: &[FileRange]) -> Result<ChunkList> {
         let key = Self::canonical(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
         let mount = self
             .mounts
@@ -190,15 +187,20 @@ impl Agent {
                 path: key.clone(),
                 problem: "not a Tessera mount of this agent",
             })?;
-        mount
-            .image
-            .chunk_recorder
-            .as_ref()
-            .map(ChunkRecorder::read)
-            .ok_or(Error::Mountpoint {
-                path: key,
-                problem: "not mounted with record_chunks: it keeps no record of its reads",
-            })
+        let bootstrap = &mount.image.chunks.bootstrap;
+        let mut inodes: HashMap<&str, Option<u32>> = HashMap::new();
+        let resolved = ranges.iter().map(|r| {
+            let ino = *inodes.entry(&r.path).or_insert_with(|| {
+                bootstrap
+                    .resolve(r.path.as_bytes())
+                    .ok()
+                    .flatten()
+                    .map(|inode| inode.ino)
+            });
+            // A path the image does not have: an inode no file has.
+            (ino.unwrap_or(u32::MAX), r.offset, r.len)
+        });
+        Ok(chunks_of(bootstrap, resolved))
     }
 
     /// `reference` resolved for `platform` (the host's when `None`), with its verified

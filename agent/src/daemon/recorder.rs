@@ -1,16 +1,16 @@
 //! What a mount's workload reads: `mount --record`'s paths of the files read, in
 //! first-read order, written as they are read (a prefetch list for `tessera convert
-//! --prefetch-list`); and the chunks read, kept for `Request::ReadChunks` (a
-//! checkpoint's working set).
+//! --prefetch-list`); and which chunks hold given ranges of an image's files
+//! (`Request::ChunksOf`: a checkpoint's working set).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use rafs_format::reader::{Bootstrap, FileChunk, FileKind};
 
-use crate::api::ReadChunks;
+use crate::api::ChunkList;
 
 use crate::{Error, Result};
 
@@ -62,70 +62,48 @@ impl Recorder {
     }
 }
 
-/// Keeps every read a mount serves, for [`ChunkRecorder::read`]: which chunks a
-/// workload read, in first-read order (a checkpoint's working set). Reads are kept as
-/// they come (the session thread must not block) and turned into chunks when asked.
-#[derive(Debug)]
-pub struct ChunkRecorder {
-    bootstrap: Arc<Bootstrap>,
-    /// `(inode, offset, len)` of each read, in order, up to [`MAX_READS`].
-    reads: Mutex<Vec<(u32, u64, u64)>>,
-}
-
-/// Reads kept at most (24 bytes each): past it a recording stops growing, and says so.
-const MAX_READS: usize = 1 << 20;
-
-impl ChunkRecorder {
-    pub(super) fn new(bootstrap: Arc<Bootstrap>) -> Self {
-        ChunkRecorder {
-            bootstrap,
-            reads: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub(super) fn saw(&self, ino: u32, offset: u64, len: u64) {
-        let mut reads = self.reads.lock().unwrap_or_else(|p| p.into_inner());
-        if reads.len() < MAX_READS {
-            reads.push((ino, offset, len));
-        }
-    }
-
-    /// The chunks read so far, in first-read order.
-    pub(super) fn read(&self) -> ReadChunks {
-        let reads = self.reads.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let truncated = reads.len() >= MAX_READS;
-        let mut pieces: HashMap<u32, Vec<FileChunk>> = HashMap::new();
-        let mut seen = HashSet::new();
-        let mut out = ReadChunks {
-            chunks: Vec::new(),
-            compressed_bytes: 0,
-            bytes: 0,
-            truncated,
+/// The chunks of `bootstrap` that hold `ranges` (`(inode, offset, len)`), each once, in
+/// the order of the ranges; a range of an inode that is no regular file counts as
+/// unknown.
+pub(super) fn chunks_of(
+    bootstrap: &Bootstrap,
+    ranges: impl IntoIterator<Item = (u32, u64, u64)>,
+) -> ChunkList {
+    let mut pieces: HashMap<u32, Option<Vec<FileChunk>>> = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut out = ChunkList {
+        chunks: Vec::new(),
+        compressed_bytes: 0,
+        bytes: 0,
+        unknown: 0,
+    };
+    for (ino, offset, len) in ranges {
+        let file = pieces.entry(ino).or_insert_with(|| {
+            let inode = bootstrap.inode(ino).ok()?;
+            (inode.kind == FileKind::Regular)
+                .then(|| bootstrap.file_chunks(&inode).ok())
+                .flatten()
+        });
+        let Some(file) = file else {
+            out.unknown += 1;
+            continue;
         };
-        for (ino, offset, len) in reads {
-            let file = pieces.entry(ino).or_insert_with(|| {
-                self.bootstrap
-                    .inode(ino)
-                    .and_then(|inode| self.bootstrap.file_chunks(&inode))
-                    .unwrap_or_default()
-            });
-            let end = offset.saturating_add(len);
-            // Pieces are in file order: the ones that overlap [offset, end).
-            let first = file.partition_point(|p| p.file_offset + u64::from(p.len) <= offset);
-            for piece in file[first..].iter().take_while(|p| p.file_offset < end) {
-                let Some(chunk) = piece.chunk else { continue };
-                if !seen.insert(chunk) {
-                    continue;
-                }
-                if let Ok(info) = self.bootstrap.chunk(chunk) {
-                    out.compressed_bytes += u64::from(info.compressed_size);
-                    out.bytes += u64::from(info.uncompressed_size);
-                }
-                out.chunks.push(chunk);
+        let end = offset.saturating_add(len);
+        // Pieces are in file order: the ones that overlap [offset, end).
+        let first = file.partition_point(|p| p.file_offset + u64::from(p.len) <= offset);
+        for piece in file[first..].iter().take_while(|p| p.file_offset < end) {
+            let Some(chunk) = piece.chunk else { continue };
+            if !seen.insert(chunk) {
+                continue;
             }
+            if let Ok(info) = bootstrap.chunk(chunk) {
+                out.compressed_bytes += u64::from(info.compressed_size);
+                out.bytes += u64::from(info.uncompressed_size);
+            }
+            out.chunks.push(chunk);
         }
-        out
     }
+    out
 }
 
 #[cfg(test)]
@@ -140,7 +118,7 @@ mod tests {
     /// An image of `a` (3 chunks of distinct bytes) and `b` (2 chunks, its first the
     /// same bytes as `a`'s second: one chunk, deduplicated); its bootstrap, and the
     /// inodes of `a` and `b`.
-    fn image(dir: &Path) -> (Arc<Bootstrap>, u32, u32) {
+    fn image(dir: &Path) -> (Bootstrap, u32, u32) {
         let root = dir.join("root");
         std::fs::create_dir_all(&root).unwrap();
         let block = |v: u8| vec![v; CHUNK];
@@ -162,10 +140,10 @@ mod tests {
         })
         .unwrap();
         let (a, bb) = (inodes[&b"a".to_vec()], inodes[&b"b".to_vec()]);
-        (Arc::new(b), a, bb)
+        (b, a, bb)
     }
 
-    fn chunks_of(b: &Bootstrap, ino: u32) -> Vec<u32> {
+    fn chunks_of_file(b: &Bootstrap, ino: u32) -> Vec<u32> {
         let inode = b.inode(ino).unwrap();
         b.file_chunks(&inode)
             .unwrap()
@@ -175,30 +153,32 @@ mod tests {
     }
 
     #[test]
-    fn reads_become_the_chunks_they_touched_once_in_first_read_order() {
+    fn ranges_become_the_chunks_that_hold_them_once_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let (bootstrap, a, b) = image(dir.path());
-        let (ca, cb) = (chunks_of(&bootstrap, a), chunks_of(&bootstrap, b));
+        let (ca, cb) = (chunks_of_file(&bootstrap, a), chunks_of_file(&bootstrap, b));
         assert_eq!(ca[1], cb[0], "the shared block is one chunk");
-        let recorder = ChunkRecorder::new(bootstrap.clone());
-        // b's second chunk; then a read across a's first two chunks; then b's first
-        // (a's second again: recorded already); then a's last byte.
-        recorder.saw(b, CHUNK as u64 + 10, 100);
-        recorder.saw(a, CHUNK as u64 - 1, 2);
-        recorder.saw(b, 0, CHUNK as u64);
-        recorder.saw(a, 3 * CHUNK as u64 - 1, 1);
-        let read = recorder.read();
-        assert_eq!(read.chunks, vec![cb[1], ca[0], ca[1], ca[2]]);
-        assert!(!read.truncated);
-        assert_eq!(read.bytes, 4 * CHUNK as u64);
-        let stored: u64 = read
+        let c = CHUNK as u64;
+        // b's second chunk; a range across a's first two chunks; b's first (a's second
+        // again: listed already); a's last byte; an inode that is no file.
+        let list = chunks_of(
+            &bootstrap,
+            [
+                (b, c + 10, 100),
+                (a, c - 1, 2),
+                (b, 0, c),
+                (a, 3 * c - 1, 1),
+                (u32::MAX, 0, 10),
+            ],
+        );
+        assert_eq!(list.chunks, vec![cb[1], ca[0], ca[1], ca[2]]);
+        assert_eq!(list.unknown, 1);
+        assert_eq!(list.bytes, 4 * c);
+        let stored: u64 = list
             .chunks
             .iter()
             .map(|c| u64::from(bootstrap.chunk(*c).unwrap().compressed_size))
             .sum();
-        assert_eq!(read.compressed_bytes, stored);
-        // A read of an inode that is no file adds nothing.
-        recorder.saw(u32::MAX, 0, 10);
-        assert_eq!(recorder.read().chunks.len(), 4);
+        assert_eq!(list.compressed_bytes, stored);
     }
 }
