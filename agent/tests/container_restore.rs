@@ -434,7 +434,8 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
         ])
         .args(["--boot", &app, "--ready"])
         .arg(format!("http://{}:{PORT}/", a.host.ip))
-        .args(["--ready-timeout", "60"])
+        .args(["--ready-timeout", "60", "--record-working-set"])
+        .args(["--socket", s(&a.agent.socket)])
         .args([
             "--address",
             s(&a.containerd.socket),
@@ -456,6 +457,10 @@ fn a_container_checkpointed_on_one_node_is_restored_on_another_from_peers() {
     let release: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let release_ref = release["checkpoint"]["reference"].as_str().unwrap();
     assert_eq!(release["boot"]["outcome"]["how"], "booted", "{release}");
+    assert_eq!(
+        release["working_set"]["how"], "recorded",
+        "CI recorded the release's working set too: {release}"
+    );
     assert!(
         release["checkpoint"]["chunk_dict"].as_str() == Some(checkpoint_ref.as_str()),
         "built against the image's previous checkpoint: {release}"

@@ -110,6 +110,14 @@ pub struct CheckpointArgs {
     /// checkpoint (its own warm-up then lands in the checkpoint).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     settle: u64,
+    /// With --boot: then restore the checkpoint once with lazy pages and push its
+    /// working set beside it (what the restore and the app's first request, --ready's
+    /// probe, needed of it: later restores fetch that first).
+    #[arg(long, requires = "boot")]
+    record_working_set: bool,
+    /// With --record-working-set: the agent's socket (it mounts the checkpoint lazily).
+    #[arg(long, env = "TESSERA_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
     /// With --boot: the container's state directory (its output log).
     #[arg(long, default_value = "/var/lib/tessera/run", value_name = "DIR")]
     state_dir: PathBuf,
@@ -233,7 +241,7 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
             hostname: None,
             restore: RestoreChoice::Never,
             criu: args.criu.criu(),
-            socket: PathBuf::from(DEFAULT_SOCKET),
+            socket: absolute(&args.socket),
             platform: Platform::host(),
             state_dir: absolute(&args.state_dir),
             log: None,
@@ -248,7 +256,13 @@ pub fn checkpoint(args: CheckpointArgs) -> Result<()> {
         };
         let summary = runtime()?
             .block_on(release::boot_and_checkpoint(
-                client, app, &run, &ready, &opts, &progress,
+                client,
+                app,
+                &run,
+                &ready,
+                &opts,
+                args.record_working_set,
+                &progress,
             ))
             .with_context(|| format!("boot {app}, wait until ready, checkpoint"))?;
         drop(display);
