@@ -43,6 +43,12 @@ use crate::{Error, Result};
 const CRIU_CONFIG_ANNOTATION: &str = "org.criu.config";
 /// What that file says on a restore: established connections come back closed.
 const CRIU_RESTORE_CONFIG: &str = "tcp-close\n";
+/// And when the rootfs is the image the checkpoint was made of (its `subject`): the
+/// files the app maps are checked by size, not by reading each one's ELF build-id
+/// (CRIU's default). That image is pinned by digest and every chunk of it verified, so
+/// its files are the dumped ones, and reading a note of every mapped library through a
+/// cold lazy mount costs a fetch each before the app can run.
+const CRIU_SAME_IMAGE_CONFIG: &str = "file-validation filesize\n";
 /// And with lazy pages: the memory comes from `criu lazy-pages`.
 const CRIU_LAZY_CONFIG: &str = "lazy-pages\n";
 /// How long the lazy-pages daemon may take to send a restored tree all its memory.
@@ -307,6 +313,7 @@ pub async fn run(
     let log = opts.log.clone().unwrap_or_else(|| dir.join("output.log"));
     let base = Base {
         client,
+        app_digest: &app_image.raw.digest,
         c: &c,
         opts,
         image_name: &pulled.image,
@@ -400,6 +407,8 @@ struct Read {
 /// What a restore and a boot share.
 struct Base<'a> {
     client: &'a RegistryClient,
+    /// The app image's manifest digest: the rootfs.
+    app_digest: &'a str,
     c: &'a Containerd,
     opts: &'a RunOptions,
     /// The app image's name in containerd.
@@ -453,7 +462,10 @@ impl Base<'_> {
         .await?;
         let mount_seconds = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let restored = self.restore_from(&chosen.name, &mountpoint, &work).await;
+        let same_image = subject_of(&chosen.image.raw.bytes).as_deref() == Some(self.app_digest);
+        let restored = self
+            .restore_from(&chosen.name, same_image, &mountpoint, &work)
+            .await;
         let restore_seconds = t.elapsed().as_secs_f64();
         if let (Ok((pid, _)), WorkingSetChoice::Record(ready)) = (&restored, &self.opts.working_set)
         {
@@ -592,6 +604,7 @@ impl Base<'_> {
     async fn restore_from(
         &self,
         name: &str,
+        same_image: bool,
         mountpoint: &Path,
         work: &Path,
     ) -> Result<(u32, Option<LazyPages>)> {
@@ -607,11 +620,13 @@ impl Base<'_> {
             self.opts.containerd.namespace, self.opts.id
         ));
         let criu_config = self.dir.join("criu.conf");
-        let config = if self.opts.lazy_pages {
-            format!("{CRIU_RESTORE_CONFIG}{CRIU_LAZY_CONFIG}")
-        } else {
-            CRIU_RESTORE_CONFIG.to_string()
-        };
+        let mut config = CRIU_RESTORE_CONFIG.to_string();
+        if same_image {
+            config.push_str(CRIU_SAME_IMAGE_CONFIG);
+        }
+        if self.opts.lazy_pages {
+            config.push_str(CRIU_LAZY_CONFIG);
+        }
         std::fs::write(&criu_config, config).map_err(|e| Error::io("write", &criu_config, e))?;
         spec::annotate(
             &mut spec,
@@ -756,6 +771,12 @@ impl Base<'_> {
     }
 }
 
+/// The digest of a manifest's `subject`, if it has one.
+fn subject_of(manifest: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(manifest).ok()?;
+    v["subject"]["digest"].as_str().map(String::from)
+}
+
 /// The container record of checkpoint `name` (its [`CONTAINER_FILE`]'s bytes).
 fn recorded_container(name: &str, bytes: &[u8]) -> Result<ContainerRecord> {
     serde_json::from_slice(bytes).map_err(|e| Error::CheckpointIncompatible {
@@ -817,6 +838,14 @@ mod tests {
             "spec":{"hostname":"a"},"snapshotter":"tessera","snapshot_key":"a"}"#;
         let record = recorded_container("ck", ok).unwrap();
         assert_eq!(record.spec["hostname"], "a");
+    }
+
+    #[test]
+    fn a_checkpoint_names_its_image_by_subject() {
+        let m = br#"{"subject":{"mediaType":"m","digest":"sha256:aa","size":1},"layers":[]}"#;
+        assert_eq!(subject_of(m).as_deref(), Some("sha256:aa"));
+        assert_eq!(subject_of(br#"{"layers":[]}"#), None);
+        assert_eq!(subject_of(b"junk"), None);
     }
 
     #[test]
