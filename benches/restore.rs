@@ -3,9 +3,9 @@
 //! run, the registry's egress capped (200 Mbit/s by default). The app is
 //! `benches/app_image.sh`'s: the suite's image (Debian + a Python data stack) with
 //! `/app/serve.py`, which imports the stack, builds an in-memory index of tens of MB and
-//! answers `GET /` with a checksum of it. Every row's time runs from its first command
-//! to the first *correct* answer (the checksum the setup boot answered; any other answer
-//! fails the run):
+//! answers `GET /doc/KEY` with one document's row of it and `GET /` with a checksum of
+//! all of it. Every row's time runs from its first command to the first *correct*
+//! answer (what the setup boot answered; any other answer fails the run):
 //!
 //! 1. boot with a full pull: `ctr image pull` of the plain image, then `ctr run` (runc,
 //!    overlayfs), on a cold node (the baseline every ratio is against);
@@ -24,11 +24,15 @@
 //!    is the image's lazy mount through the Tessera snapshotter;
 //! 5. the same with `tessera run --lazy-pages` (CRIU's lazy pages: the app runs before
 //!    its memory has arrived; the answer is awaited while `tessera run` sends pages);
-//! 6. the same as 4 with a peer (node A, through the scheduler) holding the checkpoint
+//! 6. the same as 5 with the checkpoint's working set fetched first (recorded in set-up
+//!    on node A: `tessera run --lazy-pages --record-working-set`); rows 4, 5 and 7 run
+//!    with `--no-working-set`;
+//! 7. the same as 4 with a peer (node A, through the scheduler) holding the checkpoint
 //!    and the app image's start-up chunks.
 //!
-//! The working-set prefetch row of issue 29 is not here: that feature (a recorded
-//! working set) is not built yet (the JSON and the report say so).
+//! Every row's first answer is to `GET /doc/doc-0012345` (one document of the index: a
+//! few pages of the heap); `GET /` (the whole index's checksum) is asked right after,
+//! and the time to it reported as the whole state's.
 //!
 //! Also reported: the checkpoints' sizes (CRIU's files, what the registry stores), the
 //! bytes each row had the registry send (its interface's counter), and the dedup

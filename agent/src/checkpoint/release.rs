@@ -149,7 +149,7 @@ async fn record(
         hostname: None,
         restore: RestoreChoice::Checkpoint(Reference::parse(&checkpoint.reference)?),
         lazy_pages: true,
-        prefetch: Prefetch::All,
+        prefetch: Prefetch::None,
         working_set: WorkingSetChoice::Record(ready.clone()),
         ..run.clone()
     };

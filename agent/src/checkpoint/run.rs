@@ -86,9 +86,12 @@ pub struct RunOptions {
     pub state_dir: PathBuf,
     /// The container's output [default: `<state_dir>/<namespace>-<id>/output.log`].
     pub log: Option<PathBuf>,
-    /// How the agent prefetches the checkpoint's mount: CRIU reads every one of its
-    /// files, in the order of the checkpoint's prefetch list, so `All` (the list, then
-    /// the rest) fetches what CRIU will read, many chunks at once, ahead of it.
+    /// How the agent prefetches the checkpoint's mount after its working set: a plain
+    /// restore has CRIU read every file, in the order of the checkpoint's prefetch
+    /// list, so `All` (the list, then the rest) fetches what CRIU will read, many
+    /// chunks at once, ahead of it. With lazy pages `None` is better: the restore and
+    /// the first requests need little of the heap (the working set), and the daemon
+    /// sends the rest after.
     pub prefetch: Prefetch,
     /// CRIU's lazy pages: the restored process starts before its memory has arrived
     /// (`criu lazy-pages` serves its page faults from the mount through userfaultfd

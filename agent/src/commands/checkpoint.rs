@@ -369,11 +369,14 @@ pub struct RunArgs {
     /// The container's output (appended) [default: in --state-dir].
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
-    /// How the agent prefetches a checkpoint it mounts: `all` fetches every chunk
-    /// ahead of CRIU (which reads them all), many at once; `none` only what CRIU reads,
-    /// as it reads.
-    #[arg(long, value_enum, default_value = "all")]
-    prefetch: RestorePrefetch,
+    /// How the agent prefetches a checkpoint it mounts, after its working set (if it
+    /// has one): `all` fetches every chunk ahead of CRIU (which reads them all), many
+    /// at once; `none` only what CRIU reads, as it reads [default: `all`; with
+    /// --lazy-pages `none`: the restore and the app's first requests need little of
+    /// the heap, and prefetching the rest would share the link with it while the
+    /// lazy-pages daemon sends the rest after anyway].
+    #[arg(long, value_enum)]
+    prefetch: Option<RestorePrefetch>,
     /// CRIU's lazy pages (userfaultfd): the restored app runs before its memory has
     /// arrived; `criu lazy-pages` serves its page faults from the checkpoint's mount
     /// and sends the rest after (this command returns once it has).
@@ -438,9 +441,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         platform: Platform::host(),
         state_dir: absolute(&args.state_dir),
         log: args.log.as_ref().map(absolute),
-        prefetch: match args.prefetch {
-            RestorePrefetch::All => Prefetch::All,
-            RestorePrefetch::None => Prefetch::None,
+        prefetch: match (args.prefetch, args.lazy_pages) {
+            (Some(RestorePrefetch::All), _) | (None, false) => Prefetch::All,
+            (Some(RestorePrefetch::None), _) | (None, true) => Prefetch::None,
         },
         lazy_pages: args.lazy_pages,
         working_set: match (&args.record_working_set, args.no_working_set) {
