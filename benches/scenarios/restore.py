@@ -146,12 +146,14 @@ def render(r, plot_dir=None):
         "",
         "`tessera run` fetches the whole checkpoint ahead of CRIU in restore order (its "
         "default `--prefetch all`); with `--lazy-pages` CRIU's lazy pages start the app "
-        "before its memory has arrived. The working set was recorded once, on node A, by "
+        "before its memory has arrived, and the prefetch defaults to `none` (the "
+        "lazy-pages daemon sends the rest after the restore). The working set was "
+        "recorded once, on node A, by "
         f"`tessera run --lazy-pages --record-working-set http://…{r['app_request']}`: "
         f"{r['working_set']['chunks']} chunks ({mib(r['working_set']['stored_bytes'])} "
         f"stored) of the checkpoint read from the restore's start until that first answer, "
         "pushed beside the checkpoint as its referrer. The working-set row's `tessera run` "
-        "finds it and its agent fetches those chunks first, then the rest; the other "
+        "finds it and its agent fetches those chunks first, many at once; the other "
         "Tessera rows run with `--no-working-set`.",
         "",
         f"Tessera rows: {r['tessera_path_note']}.",
