@@ -1038,6 +1038,22 @@ fn idle_connection_floods_leave_the_agent_serving() {
     assert!(cut_off, "a one-byte-a-second request head was not cut off");
     assert!(slow_started.elapsed() < Duration::from_secs(10));
 
+    // A local API request past its size limit is refused, saying so, and the agent
+    // goes on serving.
+    let mut big = std::os::unix::net::UnixStream::connect(&agent.socket).unwrap();
+    let body = vec![b' '; 9 << 20];
+    big.write_all(b"{\"op\":\"status\"").unwrap();
+    // The agent answers once it has read its limit; the rest may meet a closed socket.
+    let _ = big.write_all(&body);
+    let _ = big.shutdown(std::net::Shutdown::Write);
+    let mut answer = String::new();
+    big.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.contains("larger than the 8 MiB"),
+        "an oversized request: {answer}"
+    );
+    agent.ok(&["status"]);
+
     // Past the idle timeout the idle connections are closed, held or not.
     std::thread::sleep(Duration::from_secs(5));
     let after = open_fds(pid);

@@ -19,7 +19,6 @@
 //! that checkpoint early (each is verified against the bootstrap as always).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -40,6 +39,9 @@ pub const ARTIFACT_TYPE: &str = "application/vnd.tessera.checkpoint.working-set.
 pub const MEDIA_TYPE: &str = "application/vnd.tessera.checkpoint.working-set.v1+json";
 /// A working set's layer is read whole into memory: no bigger than this (4 M chunks).
 const MAX_BYTES: u64 = 64 << 20;
+/// File ranges sent to the agent at most (a request of a few MiB): the first ones, in
+/// order, are kept.
+const MAX_RANGES: usize = 100_000;
 
 /// What a working set's layer holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,36 +60,12 @@ pub async fn push(
     set: &WorkingSet,
 ) -> Result<Reference> {
     let bytes = serde_json::to_vec(set).map_err(|e| protocol(checkpoint, e.to_string()))?;
-    let digest = format!(
-        "sha256:{}",
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes))
-    );
-    let mut file =
-        tempfile::NamedTempFile::new().map_err(|e| Error::io("create", std::env::temp_dir(), e))?;
-    file.write_all(&bytes)
-        .map_err(|e| Error::io("write", file.path(), e))?;
     let repo = Reference {
         tag: None,
         digest: None,
         ..checkpoint.reference.clone()
     };
-    client
-        .push_blob(
-            &repo,
-            &digest,
-            bytes.len() as u64,
-            file.path(),
-            None,
-            &|_| {},
-        )
-        .await?;
-    let layer = Descriptor {
-        media_type: MEDIA_TYPE.into(),
-        digest,
-        size: bytes.len() as u64,
-        artifact_type: None,
-        annotations: BTreeMap::new(),
-    };
+    let layer = referrers::push_small_blob(client, &repo, &bytes, MEDIA_TYPE).await?;
     let subject = subject_of(checkpoint);
     let artifact = Artifact {
         subject: &subject,
@@ -204,14 +182,37 @@ pub fn ranges(dir: &Path, faults_log: &str) -> Result<Vec<FileRange>> {
             .get(&pid)
             .and_then(|m| m.offset_of(addr).map(|o| (m, o)))
         {
-            ranges.push(FileRange {
-                path: format!("/{}", map.pages_file),
-                offset,
-                len: PAGE_SIZE,
-            });
+            push_merged(
+                &mut ranges,
+                FileRange {
+                    path: format!("/{}", map.pages_file),
+                    offset,
+                    len: PAGE_SIZE,
+                },
+            );
         }
     }
+    if ranges.len() > MAX_RANGES {
+        tracing::warn!(
+            ranges = ranges.len(),
+            kept = MAX_RANGES,
+            "the working set names more ranges than are sent to the agent; its first ones are kept"
+        );
+        ranges.truncate(MAX_RANGES);
+    }
     Ok(ranges)
+}
+
+/// Appends `next`, or extends the last range with it when it follows on in the same
+/// file (faults in a row over a page run are one range).
+fn push_merged(ranges: &mut Vec<FileRange>, next: FileRange) {
+    if let Some(last) = ranges.last_mut() {
+        if last.path == next.path && last.offset + last.len == next.offset {
+            last.len += next.len;
+            return;
+        }
+    }
+    ranges.push(next);
 }
 
 /// The one layer of a working set's manifest: its digest and size, checked.
@@ -286,6 +287,38 @@ mod tests {
             .unwrap_err()
             .contains("no layer"));
         assert!(layer_of(b"not json").unwrap_err().contains("not JSON"));
+    }
+
+    #[test]
+    fn faults_in_a_row_are_one_range_and_order_is_kept() {
+        let range = |path: &str, offset: u64| FileRange {
+            path: path.into(),
+            offset,
+            len: PAGE_SIZE,
+        };
+        let mut ranges = Vec::new();
+        for r in [
+            range("/pages-1.img", 0),
+            range("/pages-1.img", PAGE_SIZE),
+            range("/pages-2.img", 2 * PAGE_SIZE),
+            range("/pages-1.img", 2 * PAGE_SIZE),
+            range("/pages-1.img", 0),
+        ] {
+            push_merged(&mut ranges, r);
+        }
+        let got: Vec<_> = ranges
+            .iter()
+            .map(|r| (r.path.as_str(), r.offset / PAGE_SIZE, r.len / PAGE_SIZE))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/pages-1.img", 0, 2),
+                ("/pages-2.img", 2, 1),
+                ("/pages-1.img", 2, 1),
+                ("/pages-1.img", 0, 1)
+            ]
+        );
     }
 
     #[test]

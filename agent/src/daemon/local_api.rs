@@ -16,8 +16,9 @@ use tokio::net::{TcpListener, UnixListener};
 use super::Agent;
 use crate::api::{Envelope, Response};
 
-/// Largest request accepted (they are a few hundred bytes).
-const MAX_REQUEST: u64 = 64 << 10;
+/// Largest request accepted: most are a few hundred bytes; a working set's
+/// `chunks_of` names a range per page the app faulted in (tens of bytes each).
+const MAX_REQUEST: u64 = 8 << 20;
 
 /// How long a TCP client may take over its TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -134,6 +135,13 @@ async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
     match tokio::time::timeout(wait, reader.read_line(&mut line)).await {
         Err(_) => None,
         Ok(Err(e)) => Some((Err(format!("read request: {e}")), write)),
+        Ok(Ok(_)) if line.len() as u64 >= MAX_REQUEST && !line.ends_with('\n') => Some((
+            Err(format!(
+                "the request is larger than the {} MiB the local API reads",
+                MAX_REQUEST >> 20
+            )),
+            write,
+        )),
         Ok(Ok(_)) => Some((Ok(line), write)),
     }
 }

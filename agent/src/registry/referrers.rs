@@ -159,7 +159,7 @@ pub async fn push(
     artifact: &Artifact<'_>,
 ) -> Result<Descriptor, Error> {
     let repo = in_repository(r, None, None);
-    let empty = push_empty_config(client, &repo).await?;
+    let empty = push_small_blob(client, &repo, EMPTY_CONFIG, EMPTY_TYPE).await?;
     let mut manifest = json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
@@ -209,29 +209,36 @@ pub async fn register(
     Ok(())
 }
 
-async fn push_empty_config(client: &RegistryClient, repo: &Reference) -> Result<Descriptor, Error> {
+/// Pushes `bytes` (a small blob: an artifact's config or JSON layer) into `repo` as a
+/// blob of `media_type`; its descriptor.
+pub async fn push_small_blob(
+    client: &RegistryClient,
+    repo: &Reference,
+    bytes: &[u8],
+    media_type: &str,
+) -> Result<Descriptor, Error> {
     let digest = format!(
         "sha256:{}",
-        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(EMPTY_CONFIG))
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes))
     );
     let mut file =
         tempfile::NamedTempFile::new().map_err(|e| Error::io("create", std::env::temp_dir(), e))?;
-    file.write_all(EMPTY_CONFIG)
+    file.write_all(bytes)
         .map_err(|e| Error::io("write", file.path(), e))?;
     let _: PushOutcome = client
         .push_blob(
             repo,
             &digest,
-            EMPTY_CONFIG.len() as u64,
+            bytes.len() as u64,
             file.path(),
             None,
             &|_| {},
         )
         .await?;
     Ok(Descriptor {
-        media_type: EMPTY_TYPE.into(),
+        media_type: media_type.into(),
         digest,
-        size: EMPTY_CONFIG.len() as u64,
+        size: bytes.len() as u64,
         artifact_type: None,
         annotations: BTreeMap::new(),
     })
