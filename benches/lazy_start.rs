@@ -79,7 +79,9 @@ use support::oci::run_output as run;
 use support::podman::Podman;
 use support::registry::Registry;
 use support::scheduler::SchedulerProcess;
-use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered};
+use support::swarm::{
+    admin_args, admin_json, peer_agent_args, wait_image_complete, wait_registered,
+};
 use support::{repo_root, s, tessera};
 
 /// The converted image, and the same converted with the start-up's prefetch list.
@@ -944,25 +946,10 @@ impl Peers {
         dir: &Path,
         id: &str,
     ) -> AgentProcess {
-        let peer_listen = format!("{}:7081", host.ip);
-        AgentProcess::start_in(
-            dir,
-            host,
-            &[
-                "--config",
-                s(&bed.config),
-                "--prefetch",
-                "none",
-                "--scheduler",
-                &scheduler.url,
-                "--peer-listen",
-                &peer_listen,
-                "--host-id",
-                id,
-                "--zone",
-                "z1",
-            ],
-        )
+        let swarm = peer_agent_args(&scheduler.url, host, id);
+        let mut args = vec!["--config", s(&bed.config)];
+        args.extend(swarm.iter().map(String::as_str));
+        AgentProcess::start_in(dir, host, &args)
     }
 
     /// `tessera-scheduler admin --json ARGS` against `scheduler`.

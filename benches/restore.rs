@@ -65,7 +65,9 @@ use support::netns::{Cluster, NetHost};
 use support::oci::run_output as run;
 use support::registry::Registry;
 use support::scheduler::SchedulerProcess;
-use support::swarm::{admin_args, admin_json, wait_image_complete, wait_registered};
+use support::swarm::{
+    admin_args, admin_json, peer_agent_args, wait_image_complete, wait_registered,
+};
 use support::tessera_node::{containerd_in, TesseraNode};
 use support::{criu, repo_root, s};
 
@@ -691,7 +693,7 @@ impl Peers {
             bed.work.path().join("scheduler.log"),
             &admin_args(&token, &state),
         );
-        let args = peer_args(&scheduler, &bed.holder_host, "a");
+        let args = peer_agent_args(&scheduler.url, &bed.holder_host, "a");
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let node_a = tessera_node(bed, &bed.holder_host, &bed.dir("node-a"), &args);
         wait_registered(&node_a.agent);
@@ -746,25 +748,6 @@ fn read_tree(dir: &Path) {
     assert!(child.wait().unwrap().success(), "tar of {}", dir.display());
 }
 
-/// An agent's flags for the swarm of `scheduler`, as the lazy-start benchmark's peer
-/// row starts them.
-fn peer_args(scheduler: &SchedulerProcess, host: &NetHost, id: &str) -> Vec<String> {
-    [
-        "--prefetch",
-        "none",
-        "--scheduler",
-        &scheduler.url,
-        "--peer-listen",
-        &format!("{}:7081", host.ip),
-        "--host-id",
-        id,
-        "--zone",
-        "z1",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 /// How a Tessera row restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Restore {
@@ -799,7 +782,7 @@ fn tessera_restore(
     };
     let peers = peers.filter(|_| how == Restore::Peer);
     let dir = bed.dir(&format!("tessera-{name}-{rep}"));
-    let swarm = peers.map(|p| peer_args(&p.scheduler, &bed.node, &format!("b{rep}")));
+    let swarm = peers.map(|p| peer_agent_args(&p.scheduler.url, &bed.node, &format!("b{rep}")));
     let args: Vec<&str> = swarm.iter().flatten().map(String::as_str).collect();
     let node = tessera_node(bed, &bed.node, &dir, &args);
     if peers.is_some() {

@@ -32,7 +32,7 @@ use support::netns::{Cluster, NetHost};
 use support::oci::{build_dirs_image, run as run_ok};
 use support::registry::{block_on, Registry};
 use support::scheduler::SchedulerProcess;
-use support::swarm::{admin_args, admin_json, wait_registered};
+use support::swarm::{admin_args, admin_json, peer_agent_args, wait_registered};
 use support::tessera_node::TesseraNode;
 use support::{criu, s, tessera};
 use tessera_agent::registry::client::{ClientOptions, RegistryClient};
@@ -151,25 +151,10 @@ fn start_node(
     registry: &Registry,
     scheduler: &SchedulerProcess,
 ) -> TesseraNode {
-    let node = TesseraNode::start(
-        &work.join(name),
-        &host,
-        &registry.addr,
-        &[
-            "--config",
-            s(config),
-            "--prefetch",
-            "none",
-            "--scheduler",
-            &scheduler.url,
-            "--peer-listen",
-            &format!("{}:7081", host.ip),
-            "--host-id",
-            name,
-            "--zone",
-            "z1",
-        ],
-    );
+    let swarm = peer_agent_args(&scheduler.url, &host, name);
+    let mut args = vec!["--config", s(config)];
+    args.extend(swarm.iter().map(String::as_str));
+    let node = TesseraNode::start(&work.join(name), &host, &registry.addr, &args);
     wait_registered(&node.agent);
     node
 }

@@ -21,7 +21,7 @@ use support::netns::{Cluster, NetHost};
 use support::oci::{self, build_files_image, pseudo_random};
 use support::registry::{Auth, Registry};
 use support::scheduler::SchedulerProcess;
-use support::swarm::wait_registered;
+use support::swarm::{peer_agent_args, wait_registered};
 use support::{s, tessera};
 use tessera_agent::peer::access::AccessKey;
 use tessera_agent::registry::client::{ClientOptions, Credential, RegistryClient};
@@ -106,25 +106,10 @@ impl Bed {
         } else {
             let _ = std::fs::remove_file(dir.join("config.json"));
         }
-        let peer_listen = format!("{}:7081", host.ip);
-        AgentProcess::start_in(
-            &dir,
-            host,
-            &[
-                "--config",
-                s(&self.config),
-                "--prefetch",
-                "none",
-                "--scheduler",
-                &self.scheduler.url,
-                "--peer-listen",
-                &peer_listen,
-                "--host-id",
-                id,
-                "--zone",
-                "z1",
-            ],
-        )
+        let swarm = peer_agent_args(&self.scheduler.url, host, id);
+        let mut args = vec!["--config", s(&self.config)];
+        args.extend(swarm.iter().map(String::as_str));
+        AgentProcess::start_in(&dir, host, &args)
     }
 }
 
@@ -400,45 +385,18 @@ fn a_private_image_goes_only_to_nodes_that_prove_access() {
         let code = r.expect_err("A served chunks of a private image without a proof");
         assert_eq!(code, tonic::Code::PermissionDenied);
     };
+    // node-b asking node-a (or `server`), proving with `manifest`'s bytes.
+    let ask = |manifest: &[u8], server: &str| {
+        let proof = access(manifest, &k.manifest_digest, "node-b", server, &k.blob);
+        fetch_direct(&host_a, &k.chunks, Some(proof))
+    };
     denied(fetch_direct(&host_a, &k.chunks, None));
-    let guessed = br#"{"schemaVersion":2,"I":"guessed"}"#;
-    denied(fetch_direct(
-        &host_a,
-        &k.chunks,
-        Some(access(
-            guessed,
-            &k.manifest_digest,
-            "node-b",
-            "node-a",
-            &k.blob,
-        )),
-    ));
-    denied(fetch_direct(
-        &host_a,
-        &k.chunks,
-        Some(access(
-            &k.manifest,
-            &k.manifest_digest,
-            "node-b",
-            "node-c",
-            &k.blob,
-        )),
-    ));
+    denied(ask(br#"{"schemaVersion":2,"I":"guessed"}"#, "node-a"));
+    denied(ask(&k.manifest, "node-c"));
     assert_eq!(counter(a, REFUSED), refused_before + 3);
     // Whoever has the manifest's bytes (it was read from the registry with the
     // credentials) can prove it.
-    let served = fetch_direct(
-        &host_a,
-        &k.chunks,
-        Some(access(
-            &k.manifest,
-            &k.manifest_digest,
-            "node-b",
-            "node-a",
-            &k.blob,
-        )),
-    )
-    .unwrap();
+    let served = ask(&k.manifest, "node-a").unwrap();
     assert_eq!(served, k.chunks.len());
     let log = a.log();
     assert!(!log.contains(PASSWORD), "a credential in A's log");

@@ -172,27 +172,14 @@ impl Swarm {
     pub fn agent_in(&mut self, host: &NetHost, extra: &[&str]) -> AgentProcess {
         self.agents += 1;
         let n = self.agents;
-        let peer_listen = format!("{}:7081", host.ip);
         let id = format!("agent{n}");
         let schedulers: Vec<&str> = std::iter::once(&self.scheduler)
             .chain(&self.replicas)
             .map(|s| s.url.as_str())
             .collect();
-        let schedulers = schedulers.join(",");
-        let mut args = vec![
-            "--config",
-            s(&self.config),
-            "--prefetch",
-            "none",
-            "--scheduler",
-            &schedulers,
-            "--peer-listen",
-            &peer_listen,
-            "--host-id",
-            &id,
-            "--zone",
-            "z1",
-        ];
+        let swarm = peer_agent_args(&schedulers.join(","), host, &id);
+        let mut args = vec!["--config", s(&self.config)];
+        args.extend(swarm.iter().map(String::as_str));
         args.extend_from_slice(extra);
         AgentProcess::start_in(&self.t.path().join(&id), host, &args)
     }
@@ -252,6 +239,26 @@ impl Swarm {
     pub fn origin_tx(&self) -> u64 {
         self.registry_host.tx_bytes()
     }
+}
+
+/// An agent's flags for a swarm: `schedulers` (a URL, or several comma-separated),
+/// peers served on port 7081 of `host`, host id `id`, zone `z1`, no prefetch (a test
+/// reads what it wants fetched).
+pub fn peer_agent_args(schedulers: &str, host: &NetHost, id: &str) -> Vec<String> {
+    [
+        "--prefetch",
+        "none",
+        "--scheduler",
+        schedulers,
+        "--peer-listen",
+        &format!("{}:7081", host.ip),
+        "--host-id",
+        id,
+        "--zone",
+        "z1",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// Scheduler arguments for its admin API on port 7090 with the token in `token`, and
