@@ -96,7 +96,6 @@ impl Agent {
             Some(path) => Some(Recorder::new(&bootstrap, path)?),
             None => None,
         };
-
         let mounted_image = Arc::new(MountedImage {
             chunks,
             fetcher: self.fetcher.clone(),
@@ -197,8 +196,7 @@ impl Agent {
                     .flatten()
                     .map(|inode| inode.ino)
             });
-            // A path the image does not have: an inode no file has.
-            (ino.unwrap_or(u32::MAX), r.offset, r.len)
+            (ino, r.offset, r.len)
         });
         Ok(chunks_of(bootstrap, resolved))
     }

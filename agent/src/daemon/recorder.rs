@@ -63,11 +63,11 @@ impl Recorder {
 }
 
 /// The chunks of `bootstrap` that hold `ranges` (`(inode, offset, len)`), each once, in
-/// the order of the ranges; a range of an inode that is no regular file counts as
-/// unknown.
+/// the order of the ranges; a range of no inode (`None`: a path the image does not
+/// have) or of an inode that is no regular file counts as unknown.
 pub(super) fn chunks_of(
     bootstrap: &Bootstrap,
-    ranges: impl IntoIterator<Item = (u32, u64, u64)>,
+    ranges: impl IntoIterator<Item = (Option<u32>, u64, u64)>,
 ) -> ChunkList {
     let mut pieces: HashMap<u32, Option<Vec<FileChunk>>> = HashMap::new();
     let mut seen = HashSet::new();
@@ -78,6 +78,10 @@ pub(super) fn chunks_of(
         unknown: 0,
     };
     for (ino, offset, len) in ranges {
+        let Some(ino) = ino else {
+            out.unknown += 1;
+            continue;
+        };
         let file = pieces.entry(ino).or_insert_with(|| {
             let inode = bootstrap.inode(ino).ok()?;
             (inode.kind == FileKind::Regular)
@@ -164,11 +168,11 @@ mod tests {
         let list = chunks_of(
             &bootstrap,
             [
-                (b, c + 10, 100),
-                (a, c - 1, 2),
-                (b, 0, c),
-                (a, 3 * c - 1, 1),
-                (u32::MAX, 0, 10),
+                (Some(b), c + 10, 100),
+                (Some(a), c - 1, 2),
+                (Some(b), 0, c),
+                (Some(a), 3 * c - 1, 1),
+                (Some(u32::MAX), 0, 10),
             ],
         );
         assert_eq!(list.chunks, vec![cb[1], ca[0], ca[1], ca[2]]);
