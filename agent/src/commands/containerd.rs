@@ -56,6 +56,8 @@ struct Summary {
     config_path_set: Option<bool>,
     /// Hosts files were configured (else only the snapshotter).
     hosts: bool,
+    /// The config file's section that holds `config_path` (by its version).
+    registry_section: &'static str,
     certs_dir: PathBuf,
     containerd_config: PathBuf,
 }
@@ -99,7 +101,8 @@ impl std::fmt::Display for Summary {
             ),
             Some(false) => writeln!(
                 f,
-                "containerd's config_path does not name {dir}: add `config_path = \"{dir}\"` to the CRI registry section of {} and restart containerd once (later hosts.toml changes need no restart; `ctr --hosts-dir {dir}` works without it)",
+                "containerd's config_path does not name {dir}: add `config_path = \"{dir}\"` to {} in {} and restart containerd once (later hosts.toml changes need no restart; `ctr --hosts-dir {dir}` works without it)",
+                self.registry_section,
                 self.containerd_config.display(),
                 dir = self.certs_dir.display()
             ),
@@ -136,8 +139,12 @@ pub fn containerd_config(args: ContainerdConfigArgs) -> Result<()> {
             containerd::apply_snapshotter(&args.containerd_config, socket)?
         });
     }
+    let registry_section = containerd::config_version(&args.containerd_config)
+        .unwrap_or(containerd::ConfigVersion::V2)
+        .registry_section();
     let summary = Summary {
         hosts,
+        registry_section,
         files,
         config_path_set: containerd::config_path_set(&args.containerd_config, &args.certs_dir),
         certs_dir: args.certs_dir,

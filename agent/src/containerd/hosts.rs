@@ -209,13 +209,62 @@ pub fn config_path_set(containerd_config: &Path, certs_dir: &Path) -> Option<boo
 /// The name containerd knows the snapshotter by (`--snapshotter tessera`).
 pub const SNAPSHOTTER: &str = "tessera";
 
-/// containerd's CRI plugin, whose settings choose the snapshotter for Kubernetes.
-const CRI_PLUGIN: &str = "io.containerd.grpc.v1.cri";
+/// Where a config file's CRI image settings live: the `snapshotter` Kubernetes pulls
+/// and unpacks with, `disable_snapshot_annotations`, and the registry `config_path`.
+/// containerd 1.x reads version 2; containerd 2.x reads version 3 and converts a
+/// version 2 file to it at start, so a version 2 file serves both lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigVersion {
+    /// containerd 1.x: `plugins."io.containerd.grpc.v1.cri".containerd`.
+    V2,
+    /// containerd 2.x: `plugins."io.containerd.cri.v1.images"`.
+    V3,
+}
 
-/// `text` (containerd's `config.toml`, version 2) with the Tessera snapshotter: the
-/// proxy plugin `tessera` at `socket`, and the CRI plugin using it with snapshot
-/// annotations on (the snapshotter needs the image and layer of each snapshot).
-/// Everything else, comments included, is kept.
+impl ConfigVersion {
+    /// The table path of the CRI image settings.
+    pub fn cri_images_table(self) -> &'static [&'static str] {
+        match self {
+            ConfigVersion::V2 => &["plugins", "io.containerd.grpc.v1.cri", "containerd"],
+            ConfigVersion::V3 => &["plugins", "io.containerd.cri.v1.images"],
+        }
+    }
+
+    /// The table that holds the CRI plugin's registry `config_path`, as TOML.
+    pub fn registry_section(self) -> &'static str {
+        match self {
+            ConfigVersion::V2 => "[plugins.\"io.containerd.grpc.v1.cri\".registry]",
+            ConfigVersion::V3 => "[plugins.\"io.containerd.cri.v1.images\".registry]",
+        }
+    }
+
+    /// The version of a parsed config file; `None` (with the reason) for version 1,
+    /// which neither line's CRI plugin settings are written for here.
+    fn of(doc: &toml_edit::DocumentMut) -> std::result::Result<Option<ConfigVersion>, String> {
+        match doc.get("version").and_then(toml_edit::Item::as_integer) {
+            Some(2) => Ok(Some(ConfigVersion::V2)),
+            Some(3) => Ok(Some(ConfigVersion::V3)),
+            None if doc.iter().next().is_none() => Ok(None),
+            v => Err(format!(
+                "version {} is not supported: containerd 1.x's version 2 and containerd 2.x's version 3 are (see `containerd config default`)",
+                v.map_or("1 (no version key)".to_string(), |v| v.to_string())
+            )),
+        }
+    }
+}
+
+/// The version of containerd's config file at `path`, if it can be read and names
+/// version 2 or 3.
+pub fn config_version(path: &Path) -> Option<ConfigVersion> {
+    let text = std::fs::read_to_string(path).ok()?;
+    ConfigVersion::of(&text.parse().ok()?).ok().flatten()
+}
+
+/// `text` (containerd's `config.toml`, version 2 or 3) with the Tessera snapshotter:
+/// the proxy plugin `tessera` at `socket`, and the CRI image settings (where the
+/// file's version keeps them) using it with snapshot annotations on (the snapshotter
+/// needs the image and layer of each snapshot). Everything else, comments included,
+/// is kept. An empty file becomes version 2, which both containerd lines read.
 pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
     use toml_edit::{value, DocumentMut, Item, Table};
     let bad = |reason: String| Error::Config {
@@ -225,16 +274,13 @@ pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
     let mut doc: DocumentMut = text
         .parse()
         .map_err(|e| bad(format!("not valid TOML: {e}")))?;
-    match doc.get("version").and_then(Item::as_integer) {
-        Some(2) => {}
-        None if doc.iter().next().is_none() => doc["version"] = value(2),
-        v => {
-            return Err(bad(format!(
-                "version {} is not supported: containerd 1.6's version 2 is (see `containerd config default`)",
-                v.map_or("1 (no version key)".to_string(), |v| v.to_string())
-            )))
+    let version = match ConfigVersion::of(&doc).map_err(bad)? {
+        Some(v) => v,
+        None => {
+            doc["version"] = value(2);
+            ConfigVersion::V2
         }
-    }
+    };
     // Parents as implicit tables: no empty `[plugins]` headers appear.
     fn table<'a>(parent: &'a mut Table, key: &str) -> Result<&'a mut Table> {
         if !parent.contains_key(key) {
@@ -252,7 +298,10 @@ pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
     proxy.set_implicit(false);
     proxy["type"] = value("snapshot");
     proxy["address"] = value(socket.to_string_lossy().as_ref());
-    let cri = table(table(table(root, "plugins")?, CRI_PLUGIN)?, "containerd")?;
+    let mut cri = root;
+    for key in version.cri_images_table() {
+        cri = table(cri, key)?;
+    }
     cri.set_implicit(false);
     cri["snapshotter"] = value(SNAPSHOTTER);
     cri["disable_snapshot_annotations"] = value(false);
@@ -445,6 +494,61 @@ mod tests {
         std::fs::write(&old, "[plugins.cri]\n").unwrap();
         let err = apply_snapshotter(&old, socket).unwrap_err().to_string();
         assert!(err.contains("version 1"), "{err}");
+    }
+
+    /// containerd 2.x's config (version 3): the CRI image settings are edited where
+    /// containerd 2 reads them, the rest kept, idempotent, undone from the backup.
+    #[test]
+    fn snapshotter_config_version_3() {
+        let t = tempfile::tempdir().unwrap();
+        let conf = t.path().join("config.toml");
+        let original = "version = 3\nroot = \"/var/lib/containerd\"\n\n[plugins.'io.containerd.cri.v1.images']\n  snapshotter = 'overlayfs'\n  disable_snapshot_annotations = true\n  [plugins.'io.containerd.cri.v1.images'.registry]\n    config_path = '/etc/containerd/certs.d'\n\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true\n";
+        std::fs::write(&conf, original).unwrap();
+        assert_eq!(config_version(&conf), Some(ConfigVersion::V3));
+        let socket = Path::new("/run/tessera/snapshotter.sock");
+        assert_eq!(
+            apply_snapshotter(&conf, socket).unwrap().change,
+            Change::BackedUpAndWritten
+        );
+        let text = std::fs::read_to_string(&conf).unwrap();
+        let v: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(v["version"].as_integer(), Some(3));
+        let images = &v["plugins"]["io.containerd.cri.v1.images"];
+        assert_eq!(images["snapshotter"].as_str(), Some("tessera"), "{text}");
+        assert_eq!(images["disable_snapshot_annotations"].as_bool(), Some(false));
+        assert_eq!(
+            images["registry"]["config_path"].as_str(),
+            Some("/etc/containerd/certs.d")
+        );
+        assert_eq!(
+            v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"]
+                ["options"]["SystemdCgroup"]
+                .as_bool(),
+            Some(true)
+        );
+        // Nothing written where containerd 1.x kept it: containerd 2 would take it
+        // for a version 2 leftover.
+        assert!(v["plugins"].get("io.containerd.grpc.v1.cri").is_none(), "{text}");
+        assert_eq!(
+            v["proxy_plugins"]["tessera"]["address"].as_str(),
+            Some("/run/tessera/snapshotter.sock")
+        );
+        assert_eq!(
+            apply_snapshotter(&conf, socket).unwrap().change,
+            Change::Unchanged
+        );
+        assert_eq!(
+            config_path_set(&conf, Path::new("/etc/containerd/certs.d")),
+            Some(true)
+        );
+        assert_eq!(undo_snapshotter(&conf).unwrap().change, Change::Restored);
+        assert_eq!(std::fs::read_to_string(&conf).unwrap(), original);
+
+        // Versions this command does not know are refused by name.
+        std::fs::write(&conf, "version = 4\n").unwrap();
+        let err = apply_snapshotter(&conf, socket).unwrap_err().to_string();
+        assert!(err.contains("version 4 is not supported"), "{err}");
+        assert!(err.contains("version 3"), "{err}");
     }
 
     #[test]
