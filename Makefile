@@ -140,6 +140,20 @@ bench-restore:
 	$(CARGO) bench -p tessera-agent --bench restore
 bench-restore bench-smoke bench-suite: criu-deps
 
+# containerd 2.x beside Debian's 1.6 (issue 46): containerd, ctr, the runc shim and the
+# runc it is released with, built from the Go module proxy into
+# target/tools/containerd-VERSION/bin once (about 4 minutes on 2 cores with a cold Go
+# cache, seconds with a warm one). The containerd-facing tests run once per line: the
+# harness takes the line from TESSERA_TEST_CONTAINERD (agent/tests/support/containerd.rs).
+.PHONY: containerd-deps unit-containerd2
+CONTAINERD_TESTS := containerd_harness mirror snapshotter cri_proxy container_restore
+containerd-deps:
+	@bash scripts/containerd-deps.sh
+test-deps: containerd-deps
+test: unit-containerd2
+unit-containerd2: containerd-deps
+	TESSERA_TEST_CONTAINERD=2 $(CARGO) test -p tessera-agent $(addprefix --test ,$(CONTAINERD_TESTS))
+
 # The benchmark suite at smoke size, in `make test` so it cannot rot: the small image,
 # one repetition, debug binaries (the bench targets built in the test profile, sharing
 # the test build); checks the JSON it writes, never its timings.

@@ -32,7 +32,9 @@ use super::registry::{runtime, RegistryArgs};
 #[derive(Debug, Args)]
 pub struct CriuArgs {
     /// The `criu` binary (CRIU 4.2.1 works on recent kernels: `make criu-deps` builds
-    /// it into target/tools/criu/criu).
+    /// it into target/tools/criu/criu). For containers, runc 1.1 (containerd 1.6) is
+    /// told this path; runc 1.2 and later (containerd 2.x) run the `criu` on
+    /// containerd's `PATH` whatever this says.
     #[arg(
         long,
         env = "TESSERA_CRIU",

@@ -515,7 +515,10 @@ mod tests {
         assert_eq!(v["version"].as_integer(), Some(3));
         let images = &v["plugins"]["io.containerd.cri.v1.images"];
         assert_eq!(images["snapshotter"].as_str(), Some("tessera"), "{text}");
-        assert_eq!(images["disable_snapshot_annotations"].as_bool(), Some(false));
+        assert_eq!(
+            images["disable_snapshot_annotations"].as_bool(),
+            Some(false)
+        );
         assert_eq!(
             images["registry"]["config_path"].as_str(),
             Some("/etc/containerd/certs.d")
@@ -528,7 +531,10 @@ mod tests {
         );
         // Nothing written where containerd 1.x kept it: containerd 2 would take it
         // for a version 2 leftover.
-        assert!(v["plugins"].get("io.containerd.grpc.v1.cri").is_none(), "{text}");
+        assert!(
+            v["plugins"].get("io.containerd.grpc.v1.cri").is_none(),
+            "{text}"
+        );
         assert_eq!(
             v["proxy_plugins"]["tessera"]["address"].as_str(),
             Some("/run/tessera/snapshotter.sock")

@@ -1,6 +1,8 @@
-//! A real containerd 1.6 daemon per test (Debian `containerd`, with its `ctr`): its
-//! own root, state, socket and config in a temp dir, started per test and killed when
-//! dropped, with whatever it or the test mounted unmounted, also after a panic.
+//! A real containerd daemon per test, of either line ([`Line`]: Debian's 1.6, or 2.x
+//! as `make containerd-deps` builds it, chosen by `TESSERA_TEST_CONTAINERD`), with its
+//! own `ctr`: its own root, state, socket and config in a temp dir, started per test
+//! and killed when dropped, with whatever it or the test mounted unmounted, also after
+//! a panic.
 //!
 //! ```ignore
 //! let cd = Containerd::start(&t.path().join("containerd"));
@@ -10,12 +12,14 @@
 //!
 //! # The daemon
 //!
-//! The generated `config.toml` (version 2) keeps only what pulling and unpacking need:
+//! The generated `config.toml` (version 2 for 1.6, version 3 for 2.x: the same
+//! settings in each line's layout) keeps only what pulling and unpacking need:
 //! content store, metadata, snapshotters `overlayfs` and `native`, the walking differ,
 //! images, leases, GC. Disabled: the CRI plugin; the aufs, btrfs, zfs and devmapper
 //! snapshotters (each probes the host at start); runtimes, task service and cgroup
-//! monitor (nothing is ever run); the `restart` plugin; and the `opt` plugin, which
-//! would create `/opt/containerd` on the host. The snapshotter in use is required
+//! monitor (nothing is ever run); the `restart` plugin; the `opt` plugin, which
+//! would create `/opt/containerd` on the host; and in 2.x NRI, which would listen on
+//! `/var/run/nri/nri.sock`. The snapshotter in use is required
 //! (`required_plugins`), so a broken one fails the start with containerd's reason.
 //!
 //! [`Snapshotter::detect`] picks overlayfs when the temp dir's filesystem takes
@@ -86,6 +90,97 @@ const PROXY_VARS: [&str; 8] = [
     "no_proxy",
     "all_proxy",
 ];
+
+/// The containerd 2.x release the harness runs as [`Line::V2`]: what `make
+/// containerd-deps` builds (scripts/containerd-deps.sh), with the runc it bundles.
+pub const CONTAINERD2_VERSION: &str = "v2.2.9";
+
+/// Which containerd line a test runs against: a parameter of the harness, so the same
+/// tests cover both. `TESSERA_TEST_CONTAINERD=2` picks containerd 2.x (`make test`
+/// runs the containerd-facing tests once per line); unset or `1.6`, Debian's 1.6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Line {
+    /// Debian bookworm's containerd 1.6 and runc 1.1, from `PATH`: config version 2,
+    /// `ctr` downloads images itself.
+    V1_6,
+    /// containerd [`CONTAINERD2_VERSION`] and its runc from `target/tools`: config
+    /// version 3, the CRI settings split over `io.containerd.cri.v1.*`, and `ctr image
+    /// pull` hands the download to the daemon's transfer service.
+    V2,
+}
+
+impl Line {
+    /// The line `TESSERA_TEST_CONTAINERD` names (default 1.6).
+    pub fn current() -> Line {
+        match std::env::var("TESSERA_TEST_CONTAINERD").as_deref() {
+            Err(_) | Ok("") | Ok("1.6") => Line::V1_6,
+            Ok("2") => Line::V2,
+            Ok(other) => panic!("TESSERA_TEST_CONTAINERD={other:?}: say `1.6` or `2`"),
+        }
+    }
+
+    /// Where this line's binaries are (`None`: on `PATH`, Debian's).
+    pub fn bin_dir(self) -> Option<PathBuf> {
+        match self {
+            Line::V1_6 => None,
+            Line::V2 => Some(
+                super::repo_root()
+                    .join("target/tools")
+                    .join(format!("containerd-{CONTAINERD2_VERSION}"))
+                    .join("bin"),
+            ),
+        }
+    }
+
+    /// The program `name` (`containerd`, `ctr`) of this line, checked to be there.
+    pub fn program(self, name: &str) -> PathBuf {
+        match self.bin_dir() {
+            None => {
+                assert!(
+                    tool_available(name),
+                    "`{name}` not found: install the Debian package `containerd` \
+                     (apt-get install containerd)"
+                );
+                PathBuf::from(name)
+            }
+            Some(dir) => {
+                let program = dir.join(name);
+                assert!(
+                    program.is_file(),
+                    "{} is missing: run `make containerd-deps` (containerd \
+                     {CONTAINERD2_VERSION} and its runc, built from the Go module proxy)",
+                    program.display()
+                );
+                program
+            }
+        }
+    }
+
+    /// `PATH` for the daemon: this line's directory first, so containerd starts its
+    /// own shim and the shim its own runc; for 2.x then CRIU 4.2.1's (`make
+    /// criu-deps`), as a node would install it: runc 1.2 and later run the `criu` on
+    /// their `PATH` (runc 1.1, 1.6's, takes the path from the task's options).
+    fn daemon_path(self) -> std::ffi::OsString {
+        let system = std::env::var_os("PATH").unwrap_or_default();
+        match self.bin_dir() {
+            None => system,
+            Some(dir) => {
+                let criu = super::repo_root().join("target/tools/criu");
+                let mut paths = vec![dir, criu];
+                paths.extend(std::env::split_paths(&system));
+                std::env::join_paths(paths).expect("PATH entries without ':'")
+            }
+        }
+    }
+
+    /// The config file version this line reads natively.
+    pub fn config_version(self) -> u32 {
+        match self {
+            Line::V1_6 => 2,
+            Line::V2 => 3,
+        }
+    }
+}
 
 /// Where containerd keeps unpacked layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +271,8 @@ pub struct Containerd {
     /// The gRPC socket.
     pub socket: PathBuf,
     pub snapshotter: Snapshotter,
+    /// The containerd line this daemon and its `ctr` calls are of.
+    pub line: Line,
     /// Started with the CRI plugin and runc ([`Containerd::start_cri`]).
     cri: bool,
     /// The cluster host whose network namespace the daemon and every `ctr` run in.
@@ -252,13 +349,9 @@ impl Containerd {
         snapshotter: Option<Snapshotter>,
         cri: Option<Cri>,
     ) -> Containerd {
-        for tool in ["containerd", "ctr"] {
-            assert!(
-                tool_available(tool),
-                "`{tool}` not found: install the Debian package `containerd` \
-                 (apt-get install containerd)"
-            );
-        }
+        let line = Line::current();
+        let program = line.program("containerd");
+        line.program("ctr");
         std::fs::create_dir_all(dir).expect("create containerd dir");
         // Absolute and without symlinks, as the mount table names what drop unmounts.
         let dir = &dir.canonicalize().expect("canonical containerd dir");
@@ -272,8 +365,8 @@ impl Containerd {
         let config = dir.join("config.toml");
         let is_cri = cri.is_some();
         let text = match &cri {
-            Some(cri) => cri_config_toml(dir, &socket, cri),
-            None => config_toml(dir, &socket, snapshotter),
+            Some(cri) => cri_config_toml(line, dir, &socket, cri),
+            None => config_toml(line, dir, &socket, snapshotter),
         };
         std::fs::write(&config, text).expect("write containerd config");
         if let Some(cri) = cri {
@@ -285,6 +378,7 @@ impl Containerd {
             dir: dir.to_path_buf(),
             socket,
             snapshotter,
+            line,
             cri: is_cri,
             host: host.cloned(),
             mounts: Mutex::new(Vec::new()),
@@ -299,10 +393,11 @@ impl Containerd {
             );
         }
         let mut command = match host {
-            Some(h) => h.command("containerd"),
-            None => Command::new("containerd"),
+            Some(h) => h.command(&program),
+            None => Command::new(&program),
         };
         let child = command
+            .env("PATH", line.daemon_path())
             .arg("--config")
             .arg(&config)
             .stdout(Stdio::from(log.try_clone().expect("clone log handle")))
@@ -393,9 +488,10 @@ impl Containerd {
     }
 
     fn ctr_command_in(&self, namespace: &str) -> Command {
+        let ctr = self.line.program("ctr");
         let mut command = match &self.host {
-            Some(h) => h.command("ctr"),
-            None => Command::new("ctr"),
+            Some(h) => h.command(&ctr),
+            None => Command::new(&ctr),
         };
         command
             .arg("--address")
@@ -574,24 +670,45 @@ fn path(p: &Path) -> String {
     p.to_str().expect("utf-8 path").to_owned()
 }
 
-/// What every daemon's config.toml starts with: its files under `dir`, its sockets,
-/// the plugin it cannot run without, and the plugins it must not load (each probes the
-/// host, or creates files outside `dir`).
-fn daemon_toml(dir: &Path, socket: &Path, required: &str, disabled: &[&str]) -> String {
-    let disabled: String = disabled.iter().map(|p| format!("  \"{p}\",\n")).collect();
+/// What every daemon's config.toml starts with: its version, its files under `dir`,
+/// its sockets, the plugin it cannot run without, and the plugins it must not load
+/// (each probes the host, or creates files outside `dir`).
+fn daemon_toml(line: Line, dir: &Path, socket: &Path, required: &str, disabled: &[&str]) -> String {
+    // The same plugins under each line's names: 2.x renamed the restart and cgroups
+    // monitors, dropped aufs, and added NRI (a socket under /var/run/nri) and the
+    // erofs and blockfile snapshotters.
+    let host_probing: &[&str] = match line {
+        Line::V1_6 => &[
+            "io.containerd.snapshotter.v1.aufs",
+            "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.devmapper",
+            "io.containerd.snapshotter.v1.zfs",
+            "io.containerd.internal.v1.opt",
+            "io.containerd.internal.v1.restart",
+        ],
+        Line::V2 => &[
+            "io.containerd.snapshotter.v1.blockfile",
+            "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.devmapper",
+            "io.containerd.snapshotter.v1.erofs",
+            "io.containerd.snapshotter.v1.zfs",
+            "io.containerd.internal.v1.opt",
+            "io.containerd.monitor.container.v1.restart",
+            "io.containerd.nri.v1.nri",
+        ],
+    };
+    let disabled: String = host_probing
+        .iter()
+        .chain(disabled)
+        .map(|p| format!("  \"{p}\",\n"))
+        .collect();
     format!(
-        r#"version = 2
+        r#"version = {version}
 root = "{root}"
 state = "{state}"
 temp = "{temp}"
 required_plugins = ["{required}"]
 disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.internal.v1.opt",
-  "io.containerd.internal.v1.restart",
 {disabled}]
 
 [grpc]
@@ -603,6 +720,7 @@ disabled_plugins = [
 [debug]
   level = "info"
 "#,
+        version = line.config_version(),
         root = path(&dir.join("root")),
         state = path(&dir.join("state")),
         temp = path(&dir.join("tmp")),
@@ -611,27 +729,59 @@ disabled_plugins = [
 }
 
 /// The daemon's configuration: everything under `dir`, nothing it does not need.
-fn config_toml(dir: &Path, socket: &Path, snapshotter: Snapshotter) -> String {
+fn config_toml(line: Line, dir: &Path, socket: &Path, snapshotter: Snapshotter) -> String {
     let overlay_root = match snapshotter {
         Snapshotter::OverlayfsOnTmpfs => path(&dir.join("snapshots")),
         // Empty: the default, under `root`.
         Snapshotter::Overlayfs | Snapshotter::Native | Snapshotter::Tessera => String::new(),
     };
     let required = format!("io.containerd.snapshotter.v1.{}", snapshotter.name());
-    let disabled = [
-        "io.containerd.grpc.v1.cri",
-        "io.containerd.runtime.v1.linux",
-        "io.containerd.runtime.v2.task",
-        "io.containerd.monitor.v1.cgroups",
-        "io.containerd.service.v1.tasks-service",
-        "io.containerd.grpc.v1.tasks",
-    ];
+    let disabled: &[&str] = match line {
+        Line::V1_6 => &[
+            "io.containerd.grpc.v1.cri",
+            "io.containerd.runtime.v1.linux",
+            "io.containerd.runtime.v2.task",
+            "io.containerd.monitor.v1.cgroups",
+            "io.containerd.service.v1.tasks-service",
+            "io.containerd.grpc.v1.tasks",
+        ],
+        Line::V2 => &[
+            "io.containerd.grpc.v1.cri",
+            "io.containerd.cri.v1.images",
+            "io.containerd.cri.v1.runtime",
+            "io.containerd.podsandbox.controller.v1.podsandbox",
+            "io.containerd.sandbox.controller.v1.shim",
+            "io.containerd.runtime.v2.task",
+            "io.containerd.monitor.task.v1.cgroups",
+            "io.containerd.service.v1.tasks-service",
+            "io.containerd.grpc.v1.tasks",
+        ],
+    };
+    // 2.x: `ctr image pull` unpacks through the transfer service, which unpacks only
+    // for the (platform, snapshotter) pairs it is configured with; by default just
+    // overlayfs ("no unpack platforms defined" for any other).
+    let unpack = match line {
+        Line::V1_6 => String::new(),
+        Line::V2 => transfer_unpack_toml(snapshotter),
+    };
     format!(
         r#"{daemon}
 [plugins."io.containerd.snapshotter.v1.overlayfs"]
   root_path = "{overlay_root}"
+{unpack}"#,
+        daemon = daemon_toml(line, dir, socket, &required, disabled),
+    )
+}
+
+/// containerd 2.x's transfer service told to unpack Linux images into `snapshotter`.
+fn transfer_unpack_toml(snapshotter: Snapshotter) -> String {
+    format!(
+        r#"
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "linux"
+  snapshotter = "{}"
 "#,
-        daemon = daemon_toml(dir, socket, &required, &disabled),
+        snapshotter.name()
     )
 }
 
@@ -656,10 +806,16 @@ struct Cri {
 }
 
 /// A node's configuration: the CRI plugin, runc, and no CNI (containers run by `ctr
-/// run` need none; pods are not made). The snapshotter is left to `configure`.
-fn cri_config_toml(dir: &Path, socket: &Path, cri: &Cri) -> String {
-    format!(
-        r#"{daemon}
+/// run` need none; pods are not made). The snapshotter is left to `configure`. The
+/// same settings in each line's layout: containerd 2.x splits 1.6's one CRI plugin
+/// into the CRI service, its runtime settings and its image settings.
+fn cri_config_toml(line: Line, dir: &Path, socket: &Path, cri: &Cri) -> String {
+    let daemon = daemon_toml(line, dir, socket, "io.containerd.grpc.v1.cri", &[]);
+    let cni = path(&dir.join("cni"));
+    let hosts = path(&cri.hosts_dir);
+    match line {
+        Line::V1_6 => format!(
+            r#"{daemon}
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
@@ -674,11 +830,31 @@ fn cri_config_toml(dir: &Path, socket: &Path, cri: &Cri) -> String {
     conf_dir = "{cni}/conf"
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = "{hosts}"
-"#,
-        daemon = daemon_toml(dir, socket, "io.containerd.grpc.v1.cri", &[]),
-        cni = path(&dir.join("cni")),
-        hosts = path(&cri.hosts_dir),
-    )
+"#
+        ),
+        Line::V2 => format!(
+            r#"{daemon}
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_selinux = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni}/bin"]
+    conf_dir = "{cni}/conf"
+
+[plugins."io.containerd.cri.v1.images"]
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{hosts}"
+"#
+        ),
+    }
 }
 
 /// Whether an overlay with an upper dir mounts under `probe` (created, then left
