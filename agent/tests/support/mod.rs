@@ -8,6 +8,7 @@ pub mod cri;
 pub mod fault_proxy;
 pub mod fstree;
 pub mod http;
+pub mod kube;
 pub mod mirror;
 pub mod netns;
 pub mod oci;
