@@ -151,6 +151,17 @@ containerd-deps:
 	@bash scripts/containerd-deps.sh
 test-deps: containerd-deps
 test: unit-containerd2
+
+# A real Kubernetes node for the cluster tests (agent/tests/kube_node.rs, support::kube):
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl (1.34), etcd,
+# CoreDNS and a static pause, built from the Go module proxy into
+# target/tools/kubernetes-VERSION/bin once (about 21 minutes on 2 cores with a cold Go
+# cache, a few with a warm one; scripts/kubernetes-deps.sh). The nodes run containerd
+# 2.x (containerd-deps).
+.PHONY: kubernetes-deps
+kubernetes-deps: containerd-deps
+	@bash scripts/kubernetes-deps.sh
+test-deps: kubernetes-deps
 unit-containerd2: containerd-deps
 	TESSERA_TEST_CONTAINERD=2 $(CARGO) test -p tessera-agent $(addprefix --test ,$(CONTAINERD_TESTS))
 
