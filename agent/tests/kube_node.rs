@@ -3,7 +3,8 @@
 //! node (containerd 2 with CRI and CNI, the kubelet), a pod from a local registry runs,
 //! logs, resolves the `kubernetes` Service through the cluster DNS and is deleted; and
 //! after the harness is dropped, the machine holds nothing of the cluster, also when it
-//! is dropped with the pod still running (as a failed test drops it).
+//! is dropped with the pod still running (as a failed test drops it). A second node,
+//! in a network namespace of its own, runs a pod the scheduler places there.
 //!
 //! Needs root, `make kubernetes-deps`, `make containerd-deps`, and Debian's
 //! busybox-static, docker-registry, skopeo and containernetworking-plugins (`make
@@ -26,6 +27,13 @@ const GREETING: &str = "hello from a tessera test pod";
 /// A busybox image (Debian's static busybox, with the applets the pod uses linked to
 /// it) pushed to `registry` as `busybox:v1`; returns the reference.
 fn push_busybox(registry: &Registry, work: &std::path::Path) -> String {
+    let layout = busybox_layout(work);
+    registry.push_layout(&layout, oci::TAG, "busybox");
+    format!("{}/busybox:{}", registry.addr, oci::TAG)
+}
+
+/// The busybox image as an OCI layout under `work`, tagged [`oci::TAG`].
+fn busybox_layout(work: &std::path::Path) -> std::path::PathBuf {
     require_tool("busybox");
     let tree = work.join("busybox-tree");
     let bin = tree.join("bin");
@@ -42,24 +50,39 @@ fn push_busybox(registry: &Registry, work: &std::path::Path) -> String {
         &[&tree],
         serde_json::json!({"Entrypoint": ["/bin/sh"], "Env": ["PATH=/bin"]}),
     );
-    registry.push_layout(&layout, oci::TAG, "busybox");
-    format!("{}/busybox:{}", registry.addr, oci::TAG)
+    layout
 }
 
 fn pod_manifest(image: &str) -> String {
+    pod_on("hello", image, None)
+}
+
+/// A pod `name` that greets, resolves the `kubernetes` Service and sleeps; on `node` if
+/// given (through the scheduler: a node selector), from a local image then.
+fn pod_on(name: &str, image: &str, node: Option<&str>) -> String {
+    let placement = match node {
+        Some(node) => format!("  nodeSelector:\n    kubernetes.io/hostname: {node}\n"),
+        None => String::new(),
+    };
+    let pull = if node.is_some() {
+        "Never"
+    } else {
+        "IfNotPresent"
+    };
     // `trap`: sh as PID 1 ignores SIGTERM otherwise, and the delete would wait out
     // the grace period.
     format!(
         r#"apiVersion: v1
 kind: Pod
 metadata:
-  name: hello
+  name: {name}
 spec:
-  restartPolicy: Never
+{placement}  restartPolicy: Never
   terminationGracePeriodSeconds: 5
   containers:
-  - name: hello
+  - name: main
     image: {image}
+    imagePullPolicy: {pull}
     command:
     - /bin/sh
     - -c
@@ -72,6 +95,24 @@ spec:
       wait
 "#
     )
+}
+
+/// `kubectl logs POD` (its stderr too, to show why it failed) once the pod has printed
+/// DNS's answer, or as it is after 30 s.
+fn pod_log(cluster: &KubeCluster, pod: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cluster.kubectl(&["logs", pod]);
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if log.contains("dns done") || Instant::now() >= deadline {
+            return log;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 #[test]
@@ -101,15 +142,7 @@ fn a_pod_runs_on_a_real_node_and_the_host_is_clean_afterwards() {
     ]);
     eprintln!("kube: pod Running in {:.1?}", began.elapsed());
 
-    // The log fills as the pod goes on: wait for DNS's answer too.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let log = loop {
-        let log = String::from_utf8_lossy(&cluster.kubectl(&["logs", "hello"]).stdout).into_owned();
-        if log.contains("dns done") || Instant::now() >= deadline {
-            break log;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    let log = pod_log(&cluster, "pod/hello");
     assert!(
         log.contains(GREETING),
         "the pod's log lacks its greeting:\n{log}\n{}",
@@ -162,5 +195,70 @@ fn a_cluster_dropped_with_a_running_pod_leaves_nothing_behind() {
         panic!("a test failing with its pod running");
     }));
     assert!(result.is_err());
+    footprint.assert_clean();
+}
+
+/// Two nodes, the second in a network namespace of its own: each runs a pod the
+/// scheduler places there (from an image imported into the nodes), each pod resolves
+/// the `kubernetes` Service through CoreDNS on the control-plane address, and the pods
+/// get addresses from their own node's range.
+#[test]
+fn two_nodes_each_run_a_pod() {
+    let work = tempfile::tempdir().unwrap();
+    let layout = busybox_layout(work.path());
+    let archive = work.path().join("busybox.tar");
+    let tar = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+
+    let mut cluster = KubeCluster::start(&KubeOptions::default());
+    let began = Instant::now();
+    cluster.add_node();
+    eprintln!("kube: second node Ready in {:.1?}", began.elapsed());
+    let footprint = cluster.footprint();
+    cluster.import_image(&archive, "tessera.test/busybox");
+    let image = format!("tessera.test/busybox:{}", oci::TAG);
+    let kubernetes_ip = cluster.addrs.kubernetes_service().to_string();
+
+    for n in [1u8, 2] {
+        let node = format!("node-{n}");
+        cluster.kubectl_apply(&pod_on(&format!("hello-{n}"), &image, Some(&node)));
+    }
+    for n in [1u8, 2] {
+        let pod = format!("pod/hello-{n}");
+        cluster.kubectl_ok(&["wait", "--for=condition=Ready", &pod, "--timeout=90s"]);
+        let placed = cluster.kubectl_ok(&[
+            "get",
+            &pod,
+            "-o",
+            "jsonpath={.spec.nodeName} {.status.podIP}",
+        ]);
+        let (node, ip) = placed.split_once(' ').unwrap();
+        assert_eq!(node, format!("node-{n}"));
+        let range = cluster.addrs.pod_cidr(n);
+        let (net, _) = range.split_once('/').unwrap();
+        let ip: std::net::Ipv4Addr = ip.parse().unwrap();
+        let net: std::net::Ipv4Addr = net.parse().unwrap();
+        assert_eq!(
+            u32::from(ip) & !63,
+            u32::from(net),
+            "{pod} has {ip}, outside {node}'s pod range {range}"
+        );
+        let log = pod_log(&cluster, &pod);
+        assert!(
+            log.contains(GREETING) && log.contains(&kubernetes_ip),
+            "{pod} on {node} did not greet and resolve kubernetes.default \
+             ({kubernetes_ip}):\n{log}\n{}",
+            cluster.logs_tail(30)
+        );
+        eprintln!("kube: {pod} on {node} at {ip}");
+    }
+    drop(cluster);
     footprint.assert_clean();
 }

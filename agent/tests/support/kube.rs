@@ -28,14 +28,25 @@
 //! |---|---|
 //! | control plane (apiserver :6443, controller-manager, scheduler, CoreDNS :53) | 198.19.(100+S).254 |
 //! | node N's address (kubelet :10250, InternalIP) | 198.19.(100+S).N |
+//! | node N ≥ 2's network namespace, veth `tskSvN` ↔ its `eth0` | `tskS-nN` |
 //! | Services (`--service-cluster-ip-range`; `kubernetes` is .1) | 198.19.(110+S).0/24 |
 //! | node N's pods (CNI bridge `tskbrS-N`, host-local) | 198.19.(120+S).64·(N−1)/26 |
 //!
-//! The host addresses are /32s on the interface `tskS` (one end of a veth pair: this
-//! kernel has no `dummy` driver), which the harness adds and deletes. Pods get a route to 198.19.(100+S).0/24 through their bridge (CoreDNS,
-//! the apiserver) and no default route: their traffic cannot leave this machine. There
-//! is no kube-proxy, so ClusterIPs do not route; CoreDNS answers for them all the same.
+//! The control plane's and node 1's addresses are /32s on the interface `tskS` (one
+//! end of a veth pair: this kernel has no `dummy` driver), which the harness adds and
+//! deletes. Pods get routes to 198.19.(100+S).0/24 (CoreDNS, the apiserver) and to
+//! 198.19.(120+S).0/24 (other nodes' pods) through their bridge, and no default route:
+//! their traffic cannot leave this machine. There is no kube-proxy, so ClusterIPs do
+//! not route; CoreDNS answers for them all the same.
 //! etcd listens on 127.0.0.1 (free ports): only the apiserver talks to it.
+//!
+//! Node 1 shares the test's network namespace; every later node has its own, routed
+//! to the test's through a veth pair (its pods' /26 routed to it), so that each node's
+//! containerd, kubelet and host-network pods bind their ports apart, as on separate
+//! machines. All nodes share the test's mount namespace (the kubelet's volume mounts
+//! must reach containerd's), and so the kubelet's one fixed socket (below): a later
+//! kubelet takes over `/var/lib/kubelet/device-plugins/kubelet.sock`, which matters only
+//! to device plugins, which these clusters do not run.
 //!
 //! # What else the cluster touches on the host, and how it is put back
 //!
@@ -49,10 +60,11 @@
 //!   has, need a shared kubelet root); containerd's overlays, the network namespaces
 //!   (`netns_mounts_under_state_dir`, not `/var/run/netns`) and the kubelet's volumes
 //!   all land under it and are unmounted, innermost first.
-//! * **Network**: the `tskS` veth pair, each node's CNI bridge (the veths go with
-//!   their pods' namespaces); host-local keeps its leases in the temp dir; libcni's
-//!   cache files (`/var/lib/cni/results/<network>-…`, a path containerd does not let
-//!   us move) are removed by network name. No iptables rule is made (`ipMasq` off,
+//! * **Network**: the `tskS` veth pair, node 1's CNI bridge, later nodes' network
+//!   namespaces (with their bridges and veths); pods' veths go with their namespaces; host-local keeps its leases in the temp dir; libcni's
+//!   cache files (`/var/lib/cni/results/…`, a path containerd does not let us move)
+//!   are removed by network name, or for containerd's own loopback network by the
+//!   pod namespace path they name. No iptables rule is made (`ipMasq` off,
 //!   no portmap, `makeIPTablesUtilChains: false`).
 //! * **sysctls**: the kubelet sets vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 //!   kernel.panic_on_oops and kernel.keys.root_max{keys,bytes}; the bridge plugin turns
@@ -132,8 +144,12 @@ const SHIM_SOCKETS: &str = "/run/containerd/s";
 /// * containerd 2's shim sockets, and runc's default state dir (moved with the
 ///   runtime's `Root`). Not checked: containerd 2 tests running beside this one make
 ///   them too; stale sockets of ours are checked one by one.
-const FIXED_PATHS: [(&str, bool); 10] = [
+const FIXED_PATHS: [(&str, bool); 12] = [
     ("/var/lib/kubelet/device-plugins/kubelet.sock", true),
+    (
+        "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint",
+        true,
+    ),
     ("/var/lib/kubelet/device-plugins", true),
     ("/var/lib/kubelet", true),
     (CONTAINER_LOG_LINKS, true),
@@ -143,6 +159,8 @@ const FIXED_PATHS: [(&str, bool); 10] = [
     ("/run/containerd/runc/k8s.io", true),
     ("/run/containerd/runc", false),
     ("/run/containerd", false),
+    // `ip netns add` makes it for a second node; the netns tests make it too.
+    ("/run/netns", false),
 ];
 
 /// sysctls the kubelet (container manager) and the CNI bridge plugin change.
@@ -183,7 +201,7 @@ pub fn kube_bin(name: &str) -> PathBuf {
         bin.is_file(),
         "{} is missing: run `make kubernetes-deps` (scripts/kubernetes-deps.sh builds \
          Kubernetes {K8S_VERSION}, etcd, CoreDNS and pause from the Go module proxy; \
-         ~40 minutes cold)",
+         about 21 minutes on 2 cores with a cold Go cache)",
         bin.display()
     );
     bin
@@ -244,6 +262,11 @@ impl Addresses {
     /// Node `n`'s pod gateway: its CNI bridge's address.
     pub fn pod_gateway(self, n: u8) -> Ipv4Addr {
         Ipv4Addr::new(198, 19, 120 + self.slot, 64 * (n - 1) + 1)
+    }
+
+    /// Every node's pods.
+    pub fn all_pods_cidr(self) -> String {
+        format!("198.19.{}.0/24", 120 + self.slot)
     }
 
     /// What the pods may reach: the hosts' /24.
@@ -485,6 +508,8 @@ pub struct Footprint {
     pub sysctls: Vec<(String, String)>,
     /// `iptables-save` before the cluster (counters removed), if iptables is here.
     pub iptables: Option<String>,
+    /// The nodes' network namespaces (`/run/netns/NAME`): must be gone.
+    pub netns: Vec<String>,
     /// Those of [`FIXED_PATHS`] that did not exist before, and whether each is checked.
     absent: Vec<(PathBuf, bool)>,
     /// What [`SHIM_SOCKETS`] held before.
@@ -498,6 +523,7 @@ impl Footprint {
         Footprint {
             dir: dir.to_path_buf(),
             interfaces: Vec::new(),
+            netns: Vec::new(),
             cgroups: Vec::new(),
             sysctls: SYSCTLS
                 .iter()
@@ -529,6 +555,11 @@ impl Footprint {
         for i in &self.interfaces {
             if Path::new("/sys/class/net").join(i).exists() {
                 left.push(format!("network interface {i}"));
+            }
+        }
+        for ns in &self.netns {
+            if Path::new("/run/netns").join(ns).exists() {
+                left.push(format!("network namespace {ns}"));
             }
         }
         for c in &self.cgroups {
@@ -1121,12 +1152,14 @@ impl KubeCluster {
             .arg("."));
     }
 
-    /// Adds a node (`node-N`, N = nodes so far + 1) on this machine's network and
-    /// returns once it is Ready.
+    /// Adds a node (`node-N`, N = nodes so far + 1) and returns once it is Ready.
     ///
-    /// Every node runs in the test's network namespace, on an address of its own; a
-    /// second node would clash on nothing but host-network pods' ports (a node per
-    /// network namespace is the next step for the chart's DaemonSet on two nodes).
+    /// Node 1 runs in the test's network namespace (its address beside the control
+    /// plane's), so it reaches registries on 127.0.0.1. Later nodes each get a network
+    /// namespace of their own (see [`node_netns`]): their containerd, kubelet, CNI
+    /// bridge and host-network pods see only their own ports, as on separate machines,
+    /// and 127.0.0.1 there is their own: give them images with
+    /// [`KubeCluster::import_image`].
     pub fn add_node(&mut self) -> &Node {
         let n = u8::try_from(self.nodes.len() + 1).expect("fewer than 255 nodes");
         assert!(
@@ -1174,6 +1207,15 @@ impl KubeCluster {
             },
         );
         self.nodes.last().expect("the node just added")
+    }
+
+    /// Imports an OCI archive (a tar of an OCI layout whose image is tagged `TAG`) as
+    /// `BASE:TAG` into every node's CRI namespace, for pods with `imagePullPolicy:
+    /// Never` on nodes that cannot reach the test's registry.
+    pub fn import_image(&self, archive: &Path, base: &str) {
+        for node in &self.nodes {
+            node.import(archive, base);
+        }
     }
 
     /// The nodes, in the order they were added.
@@ -1346,8 +1388,10 @@ pub struct Node {
     kubelet: Option<Daemon>,
     /// The node's cgroup root in every v1 hierarchy.
     cgroups: Vec<PathBuf>,
-    /// The CNI bridge.
+    /// The CNI bridge (in the node's network namespace).
     bridge: String,
+    /// The node's network namespace (`/run/netns/NAME`); `None`: the test's own.
+    netns: Option<String>,
 }
 
 impl Node {
@@ -1357,13 +1401,18 @@ impl Node {
         let dir = cluster.dir.join("nodes").join(&name);
         std::fs::create_dir_all(&dir).expect("create node dir");
         let ip_addr = addrs.node(n);
-        ip(&[
-            "addr",
-            "add",
-            &format!("{ip_addr}/32"),
-            "dev",
-            &iface(addrs.slot),
-        ]);
+        let netns = if n == 1 {
+            ip(&[
+                "addr",
+                "add",
+                &format!("{ip_addr}/32"),
+                "dev",
+                &iface(addrs.slot),
+            ]);
+            None
+        } else {
+            Some(node_netns(cluster, n))
+        };
         let bridge = format!("tskbr{}-{n}", addrs.slot);
         let network = format!("tessera-kube-{}-{n}", addrs.slot);
         cluster.footprint.interfaces.push(bridge.clone());
@@ -1384,12 +1433,28 @@ impl Node {
             kubelet: None,
             cgroups,
             bridge,
+            netns,
         };
         node.write_cni(addrs, n, &network);
         node.start_containerd(cluster);
         node.import_pause(&cluster.pause_archive);
         node.start_kubelet(cluster, &cgroup_name);
         node
+    }
+
+    /// `program` in the node's network namespace (nsenter with `--net` alone execs it:
+    /// the child's pid is the program's, and it shares the test's mounts).
+    fn command(&self, program: &Path) -> Command {
+        match &self.netns {
+            None => Command::new(program),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg("--")
+                    .arg(program);
+                c
+            }
+        }
     }
 
     /// The bridge network: host-local leases kept in the node's dir, a route to the
@@ -1413,7 +1478,7 @@ impl Node {
                         "subnet": addrs.pod_cidr(n),
                         "gateway": addrs.pod_gateway(n).to_string(),
                     }]],
-                    "routes": [{"dst": addrs.host_cidr()}],
+                    "routes": [{"dst": addrs.host_cidr()}, {"dst": addrs.all_pods_cidr()}],
                 },
             }],
         });
@@ -1436,7 +1501,7 @@ impl Node {
         }
         let config = self.dir.join("containerd.toml");
         std::fs::write(&config, self.containerd_toml(&hosts)).expect("write containerd config");
-        let mut command = Command::new(containerd_bin("containerd"));
+        let mut command = self.command(&containerd_bin("containerd"));
         // Its own shim and the shim its own runc.
         let mut paths = vec![containerd_bin_dir()];
         paths.extend(std::env::split_paths(
@@ -1563,21 +1628,28 @@ disabled_plugins = [
     fn import_pause(&self, archive: &Path) {
         // The archive's only image is tagged `v1`; --base-name makes it PAUSE_IMAGE.
         let base = PAUSE_IMAGE.rsplit_once(':').expect("a tag").0;
-        let out = self.ctr(&["images", "import", "--base-name", base, s(archive)]);
-        assert!(
-            out.status.success(),
-            "ctr images import of the pause image failed: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.containerd
-                .as_ref()
-                .map(|d| tail(&d.log, 30))
-                .unwrap_or_default()
-        );
+        self.import(archive, base);
         let images =
             String::from_utf8_lossy(&self.ctr(&["images", "ls", "-q"]).stdout).into_owned();
         assert!(
             images.lines().any(|l| l == PAUSE_IMAGE),
             "after import the node's images are {images:?}, without {PAUSE_IMAGE}"
+        );
+    }
+
+    /// `ctr images import --base-name BASE ARCHIVE` into the CRI namespace.
+    pub fn import(&self, archive: &Path, base: &str) {
+        let out = self.ctr(&["images", "import", "--base-name", base, s(archive)]);
+        assert!(
+            out.status.success(),
+            "ctr images import of {} into {} failed: {}\n{}",
+            archive.display(),
+            self.name,
+            String::from_utf8_lossy(&out.stderr),
+            self.containerd
+                .as_ref()
+                .map(|d| tail(&d.log, 30))
+                .unwrap_or_default()
         );
     }
 
@@ -1637,7 +1709,7 @@ serializeImagePulls: false
             ),
         )
         .expect("write kubelet config");
-        let mut kubelet = Command::new(kube_bin("kubelet"));
+        let mut kubelet = self.command(&kube_bin("kubelet"));
         kubelet
             .arg(format!("--config={}", s(&config)))
             .arg(format!("--kubeconfig={}", s(&kubeconfig)))
@@ -1680,13 +1752,63 @@ impl Drop for Node {
         // Network namespaces, overlays, volumes; with the pods' namespaces gone their
         // veths go too, and then the bridge can.
         unmount_all(&self.dir);
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.bridge])
-            .output();
+        match &self.netns {
+            None => {
+                let _ = Command::new("ip")
+                    .args(["link", "del", &self.bridge])
+                    .output();
+            }
+            // Its last process gone, the namespace goes with its bridge and veths.
+            Some(ns) => {
+                let _ = Command::new("ip").args(["netns", "del", ns]).output();
+            }
+        }
         for c in &self.cgroups {
             remove_cgroup(c);
         }
     }
+}
+
+/// Makes node `n`'s network namespace `tskS-nN`, joined to the test's by a veth pair
+/// (`tskSvN` here, `eth0` there) and routed, not bridged: the node has its address as
+/// a /32 and reaches the hosts' /24 through the control-plane address (answered by
+/// proxy-less ARP: any local address answers on any interface); here, routes to the
+/// node and to its pods go into the veth. Returns the namespace's name.
+fn node_netns(cluster: &mut KubeCluster, n: u8) -> String {
+    let addrs = cluster.addrs;
+    let ns = format!("tsk{}-n{n}", addrs.slot);
+    let here = format!("tsk{}v{n}", addrs.slot);
+    ip(&["netns", "add", &ns]);
+    cluster.footprint.netns.push(ns.clone());
+    ip(&[
+        "link", "add", &here, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+    ]);
+    cluster.footprint.interfaces.push(here.clone());
+    ip(&["link", "set", &here, "up"]);
+    let node = format!("{}/32", addrs.node(n));
+    let cp = addrs.control_plane().to_string();
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    ip(&["-n", &ns, "addr", "add", &node, "dev", "eth0"]);
+    ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+    ip(&[
+        "-n",
+        &ns,
+        "route",
+        "add",
+        &format!("{cp}/32"),
+        "dev",
+        "eth0",
+    ]);
+    for dst in [addrs.host_cidr(), addrs.all_pods_cidr()] {
+        ip(&["-n", &ns, "route", "add", &dst, "via", &cp, "dev", "eth0"]);
+    }
+    // `src`: this end has no address, and the kernel would otherwise pick the
+    // machine's own, to which the node has no route back.
+    ip(&["route", "add", &node, "dev", &here, "src", &cp]);
+    let pods = addrs.pod_cidr(n);
+    let via = addrs.node(n).to_string();
+    ip(&["route", "add", &pods, "via", &via, "dev", &here, "src", &cp]);
+    ns
 }
 
 /// Makes `/NAME` in every cgroup v1 hierarchy (the kubelet checks its `cgroupRoot`
