@@ -4,7 +4,11 @@
 //! logs, resolves the `kubernetes` Service through the cluster DNS and is deleted; and
 //! after the harness is dropped, the machine holds nothing of the cluster, also when it
 //! is dropped with the pod still running (as a failed test drops it). A second node,
-//! in a network namespace of its own, runs a pod the scheduler places there.
+//! in a network namespace of its own, runs a pod the scheduler places there. Each node
+//! has a host filesystem of its own under the host root (what a chart's hostPaths
+//! need): two pods write there and mount a tmpfs there with `Bidirectional`
+//! propagation, each seen by its own node only. A node restarts its containerd and its
+//! kubelet (with another image service) while its pod runs on.
 //!
 //! Needs root, `make kubernetes-deps`, `make containerd-deps`, and Debian's
 //! busybox-static, docker-registry, skopeo and containernetworking-plugins (`make
@@ -40,7 +44,7 @@ fn busybox_layout(work: &std::path::Path) -> std::path::PathBuf {
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::copy(oci::which("busybox").unwrap(), bin.join("busybox")).unwrap();
     // busybox runs the applet its name says.
-    for applet in ["sh", "sleep", "nslookup", "echo"] {
+    for applet in ["sh", "sleep", "nslookup", "echo", "cat", "mkdir", "mount"] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
     let layout = work.join("busybox-layout");
@@ -259,6 +263,259 @@ fn two_nodes_each_run_a_pod() {
         );
         eprintln!("kube: {pod} on {node} at {ip}");
     }
+    drop(cluster);
+    footprint.assert_clean();
+}
+
+/// A privileged pod on `node` with `dir` (under the host root) as a `DirectoryOrCreate`
+/// hostPath at `/host`, `Bidirectional`: it writes `written-by` there and mounts a
+/// tmpfs on `mnt` with a `marker` inside, both saying `node`; Ready once the marker is
+/// there.
+fn host_pod(name: &str, image: &str, node: &str, dir: &std::path::Path) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: {image}
+    imagePullPolicy: IfNotPresent
+    securityContext:
+      privileged: true
+    command:
+    - /bin/sh
+    - -c
+    - |
+      trap 'exit 0' TERM
+      echo {node} > /host/written-by
+      mkdir -p /host/mnt
+      mount -t tmpfs tessera-test /host/mnt
+      echo {node} > /host/mnt/marker
+      sleep 3600 &
+      wait
+    readinessProbe:
+      exec:
+        command: [/bin/cat, /host/mnt/marker]
+      periodSeconds: 1
+    volumeMounts:
+    - name: host
+      mountPath: /host
+      mountPropagation: Bidirectional
+  volumes:
+  - name: host
+    hostPath:
+      path: {dir}
+      type: DirectoryOrCreate
+"#,
+        dir = dir.display()
+    )
+}
+
+/// `program ARGS` in `node`'s namespaces; its stdout, panicking if it fails.
+fn on_node(node: &support::kube::Node, program: &str, args: &[&str]) -> String {
+    let out = node.command(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} on {} failed: {}",
+        node.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The mounts at `path` in a mountinfo table: (filesystem type, source).
+fn mounts_at(mountinfo: &str, path: &std::path::Path) -> Vec<String> {
+    let path = path.to_str().unwrap();
+    mountinfo
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(path))
+        .map(|l| {
+            l.split_once(" - ")
+                .map(|(_, fs)| fs.to_owned())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Two nodes each run a pod from the test's registry (on 127.0.0.1, exposed on the
+/// control-plane address, which both nodes reach) with a `Bidirectional` hostPath
+/// under the host root: each pod's file lands in its own node's directory only, and
+/// each pod's tmpfs is seen from its own node's mount namespace, not from the test's
+/// and not from the other node's; the host is clean after the drop.
+#[test]
+fn each_node_has_a_host_filesystem_of_its_own() {
+    let work = tempfile::tempdir().unwrap();
+    let registry = Registry::start();
+    let layout = busybox_layout(work.path());
+    registry.push_layout(&layout, oci::TAG, "busybox");
+
+    let mut cluster = KubeCluster::start(&KubeOptions::default());
+    cluster.add_node();
+    let footprint = cluster.footprint();
+    let registry_host = cluster.expose_registry(&registry.addr);
+    let image = format!("{registry_host}/busybox:{}", oci::TAG);
+    let dir = cluster.host_root().join("kube-node-test");
+
+    for n in [1u8, 2] {
+        let node = format!("node-{n}");
+        cluster.kubectl_apply(&host_pod(&format!("host-{n}"), &image, &node, &dir));
+    }
+    for n in [1u8, 2] {
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("pod/host-{n}"),
+            "--timeout=90s",
+        ]);
+    }
+
+    let test_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !dir.exists() && !test_mounts.contains(cluster.host_root().to_str().unwrap()),
+        "the host root in the test's mount namespace holds what a node made:\n{test_mounts}"
+    );
+    for (i, node) in cluster.nodes().iter().enumerate() {
+        let other = &cluster.nodes()[1 - i];
+        let written = std::fs::read_to_string(node.host_path("kube-node-test/written-by"));
+        assert_eq!(
+            written.as_deref().map(str::trim).ok(),
+            Some(node.name.as_str()),
+            "{}'s pod's file in {}",
+            node.name,
+            node.host_path("kube-node-test").display()
+        );
+        // As the node sees it, at the same path on every node.
+        let seen = on_node(node, "cat", &[dir.join("written-by").to_str().unwrap()]);
+        assert_eq!(seen.trim(), node.name);
+        let marker = dir.join("mnt/marker");
+        let seen = on_node(node, "cat", &[marker.to_str().unwrap()]);
+        assert_eq!(
+            seen.trim(),
+            node.name,
+            "{} sees another node's tmpfs at {}",
+            node.name,
+            marker.display()
+        );
+        let mounts = mounts_at(
+            &on_node(node, "cat", &["/proc/self/mountinfo"]),
+            &dir.join("mnt"),
+        );
+        assert_eq!(
+            mounts.len(),
+            1,
+            "{} should see exactly its pod's tmpfs at {}: {mounts:?}",
+            node.name,
+            dir.join("mnt").display()
+        );
+        assert!(mounts[0].starts_with("tmpfs tessera-test "), "{mounts:?}");
+        // The tmpfs is on the node's view, not on the directory behind it.
+        assert!(!node.host_path("kube-node-test/mnt/marker").exists());
+        eprintln!(
+            "kube: {} wrote {} and mounted a tmpfs at {} (its view only; not {}'s)",
+            node.name,
+            node.host_path("kube-node-test/written-by").display(),
+            dir.join("mnt").display(),
+            other.name
+        );
+    }
+
+    drop(cluster);
+    footprint.assert_clean();
+}
+
+/// The restarts a chart install makes: containerd with its (edited) config file while a
+/// pod runs, whose container lives on with the same pid; and the kubelet with another
+/// image service endpoint (here containerd's own socket, as the node sees it) and back,
+/// the node Ready after each, a new pod started through it.
+#[test]
+fn a_node_restarts_containerd_and_its_kubelet_while_its_pod_runs() {
+    let work = tempfile::tempdir().unwrap();
+    let registry = Registry::start();
+    let image = push_busybox(&registry, work.path());
+    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&registry.addr));
+    let footprint = cluster.footprint();
+    cluster.kubectl_apply(&pod_manifest(&image));
+    cluster.kubectl_ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/hello",
+        "--timeout=90s",
+    ]);
+    let tasks = |cluster: &KubeCluster| {
+        let out = cluster.nodes()[0].ctr(&["tasks", "ls"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let before = tasks(&cluster);
+    assert!(before.iter().all(|l| l.contains("RUNNING")), "{before:?}");
+
+    let began = Instant::now();
+    cluster.node_mut(0).restart_containerd();
+    eprintln!("kube: containerd restarted in {:.1?}", began.elapsed());
+    assert_eq!(
+        tasks(&cluster),
+        before,
+        "containers after the containerd restart"
+    );
+
+    let configz = |cluster: &KubeCluster| {
+        cluster.kubectl_ok(&["get", "--raw", "/api/v1/nodes/node-1/proxy/configz"])
+    };
+    let socket = cluster.nodes()[0].containerd_socket_in_view();
+    let began = Instant::now();
+    cluster
+        .node_mut(0)
+        .set_image_service_endpoint(Some(&socket));
+    eprintln!(
+        "kube: kubelet restarted and Ready in {:.1?}",
+        began.elapsed()
+    );
+    let endpoint = format!("\"imageServiceEndpoint\":\"unix://{}\"", socket.display());
+    assert!(
+        configz(&cluster).contains(&endpoint),
+        "{}",
+        configz(&cluster)
+    );
+    cluster.kubectl_apply(&pod_on("second", &image, None));
+    cluster.kubectl_ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/second",
+        "--timeout=90s",
+    ]);
+
+    cluster.node_mut(0).set_image_service_endpoint(None);
+    assert!(!configz(&cluster).contains(&endpoint));
+    cluster.kubectl_ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/hello",
+        "--timeout=30s",
+    ]);
+    let after = tasks(&cluster);
+    for task in &before {
+        assert!(
+            after.contains(task),
+            "{task} is gone after the restarts: {after:?}"
+        );
+    }
+
     drop(cluster);
     footprint.assert_clean();
 }

@@ -5,9 +5,14 @@
 //!
 //! ```ignore
 //! let registry = Registry::start();
-//! let cluster = KubeCluster::start(&KubeOptions::with_registry(&registry.addr));
-//! cluster.kubectl_apply(POD_YAML);
+//! let mut cluster = KubeCluster::start(&KubeOptions::default());
+//! cluster.add_node();
+//! let host = cluster.expose_registry(&registry.addr); // every node pulls HOST/…
+//! cluster.kubectl_apply(POD_YAML); // hostPaths under cluster.host_root(): per node
 //! cluster.kubectl_ok(&["wait", "--for=condition=Ready", "pod/hello", "--timeout=60s"]);
+//! let node = &cluster.nodes()[1];
+//! node.command("findmnt").output(); // as node-2 sees its mounts
+//! std::fs::read(node.host_path("var/lib/tessera/cache/…")); // node-2's files
 //! ```
 //!
 //! Binaries: `make kubernetes-deps` (scripts/kubernetes-deps.sh: Kubernetes
@@ -44,10 +49,39 @@
 //! Node 1 shares the test's network namespace; every later node has its own, routed
 //! to the test's through a veth pair (its pods' /26 routed to it), so that each node's
 //! containerd, kubelet and host-network pods bind their ports apart, as on separate
-//! machines. All nodes share the test's mount namespace (the kubelet's volume mounts
-//! must reach containerd's), and so the kubelet's one fixed socket (below): a later
-//! kubelet takes over `/var/lib/kubelet/device-plugins/kubelet.sock`, which matters only
-//! to device plugins, which these clusters do not run.
+//! machines.
+//!
+//! # Registries
+//!
+//! Node 1 reaches the test's registries on 127.0.0.1; later nodes do not (127.0.0.1 is
+//! their own). [`KubeCluster::expose_registry`] makes a registry reachable from every
+//! node: a listener of the test process on the control-plane address (every node routes
+//! to it) passes connections on, and every node's containerd gets a `hosts.toml` (plain
+//! HTTP) for that address. A registry bound on the control-plane address itself needs
+//! only [`KubeCluster::trust_plain_http_registry`]. Or import images into every node
+//! with [`KubeCluster::import_image`].
+//!
+//! # Each node's host filesystem
+//!
+//! On real machines every node has a filesystem of its own; here they share one. So
+//! every node (node 1 too) runs its containerd, kubelet, shims and containers in a
+//! mount namespace of its own, kept as the file `DIR/ns/node-N` (as `ip netns` keeps
+//! network namespaces; `DIR/ns` is a private mount, which nsfs binds need), in which
+//! [`KubeCluster::host_root`] (`DIR/host`) is a bind of the node's own `DIR/nodes/node-N/host`
+//! ([`Node::host_path`] finds it from the test). A chart's hostPaths under the host
+//! root thus mean "this node's" on every node. containerd's config file, hosts
+//! directory and socket sit at fixed paths there ([`CONTAINERD_CONFIG`],
+//! [`CONTAINERD_CERTS_D`], [`CONTAINERD_SOCKET`]). Propagation, inside a node's
+//! namespace: everything is a slave of the test's mounts (what the test mounts under
+//! `DIR` arrives; nothing a node mounts goes back to the test or to another node); the
+//! host root's bind is shared, a peer group of its own (`Bidirectional` hostPaths need
+//! a shared mount: a pod's mounts there reach the node, and only it); the kubelet's
+//! root is a shared bind on itself (its pods' volumes). [`Node::command`] runs a
+//! program as the node sees things (nsenter into its mount and network namespaces).
+//!
+//! Nodes still share the fixed paths below: a later kubelet takes over
+//! `/var/lib/kubelet/device-plugins/kubelet.sock`, which matters only to device
+//! plugins, which these clusters do not run.
 //!
 //! # What else the cluster touches on the host, and how it is put back
 //!
@@ -57,10 +91,14 @@
 //!   command line (it names the node's containerd socket). All are killed, then the
 //!   cgroups removed.
 //! * **Mounts**: the temp dir is bind-mounted on itself and made `rshared` (`/` is a
-//!   private mount here, and pods with `Bidirectional` mounts, as the Tessera chart
-//!   has, need a shared kubelet root); containerd's overlays, the network namespaces
-//!   (`netns_mounts_under_state_dir`, not `/var/run/netns`) and the kubelet's volumes
-//!   all land under it and are unmounted, innermost first.
+//!   private mount here; the nodes' namespaces are its slaves), `DIR/ns` bound on
+//!   itself, private, holding the nodes' mount namespace files. containerd's overlays,
+//!   the pods' network namespaces (`netns_mounts_under_state_dir`, not
+//!   `/var/run/netns`), the kubelet's volumes and what pods mount under the host root
+//!   are made in the nodes' mount namespaces, under the temp dir. On drop, once every
+//!   process in a node's namespace is killed (found by the namespace's inode), all of
+//!   that is unmounted inside it, then its file unmounted, and the namespace is gone;
+//!   then the test's own mounts, innermost first.
 //! * **Network**: the `tskS` veth pair, node 1's CNI bridge, later nodes' network
 //!   namespaces (with their bridges and veths); pods' veths go with their namespaces; host-local keeps its leases in the temp dir; libcni's
 //!   cache files (`/var/lib/cni/results/…`, a path containerd does not let us move)
@@ -81,7 +119,8 @@
 //!   into the temp dir (the runtime's `Root`, `--cert-dir`).
 //!
 //! [`Footprint`] is what a test checks after the drop: no mount, process, interface,
-//! cgroup or file of the cluster left, sysctls and iptables rules as before.
+//! cgroup, network namespace or file of the cluster left, no process in a node's mount
+//! namespace and no mount holding one, sysctls and iptables rules as before.
 //!
 //! # Facts this relies on (Debian bookworm, kernel 6.18, cgroup v1, PID 1 not systemd)
 //!
@@ -97,11 +136,15 @@
 //! * The controller-manager starts only once an authenticated `/readyz` passes; pods
 //!   can be created once it has made the namespace's `default` ServiceAccount.
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::containerd::Line;
@@ -110,6 +153,16 @@ use super::oci::{self, require_tool, run};
 /// The Kubernetes release `make kubernetes-deps` builds.
 pub const K8S_VERSION: &str = "v1.34.4";
 
+/// Each node's containerd config file, relative to [`KubeCluster::host_root`] (as
+/// `/etc/containerd/config.toml` is to `/` on a real node).
+pub const CONTAINERD_CONFIG: &str = "etc/containerd/config.toml";
+
+/// Each node's containerd hosts directory (the CRI plugin's `config_path`), relative to
+/// [`KubeCluster::host_root`].
+pub const CONTAINERD_CERTS_D: &str = "etc/containerd/certs.d";
+
+/// Each node's containerd socket, relative to [`KubeCluster::host_root`].
+pub const CONTAINERD_SOCKET: &str = "run/containerd/containerd.sock";
 
 /// Where the sandbox image is named (imported, never pulled).
 pub const PAUSE_IMAGE: &str = "tessera.test/pause:v1";
@@ -213,7 +266,9 @@ pub fn containerd_bin(name: &str) -> PathBuf {
 }
 
 fn containerd_bin_dir() -> PathBuf {
-    Line::V2.bin_dir().expect("containerd 2.x lives in target/tools")
+    Line::V2
+        .bin_dir()
+        .expect("containerd 2.x lives in target/tools")
 }
 
 /// The addresses of the cluster in slot `slot` (see the module doc's table).
@@ -268,7 +323,9 @@ impl Addresses {
 #[derive(Debug, Clone, Default)]
 pub struct KubeOptions {
     /// Registries (`host:port`) the nodes' containerd reaches over plain HTTP (a
-    /// `hosts.toml` each under the CRI plugin's `config_path`).
+    /// `hosts.toml` each under the CRI plugin's `config_path`, on every node). A
+    /// registry on 127.0.0.1 is reached by node 1 only: see
+    /// [`KubeCluster::expose_registry`].
     pub plain_http_registries: Vec<String>,
 }
 
@@ -292,9 +349,14 @@ struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `command` with its output to `log`, without proxy settings.
+    /// Starts `command` with its output appended to `log` (a restart's after the
+    /// last run's), without proxy settings.
     fn spawn(name: &str, mut command: Command, log: &Path) -> Daemon {
-        let out = std::fs::File::create(log).expect("create daemon log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open daemon log");
         let err = out.try_clone().expect("clone log handle");
         for var in PROXY_VARS {
             command.env_remove(var);
@@ -329,6 +391,28 @@ impl Daemon {
                 tail(&self.log, 60)
             );
         }
+    }
+}
+
+impl Daemon {
+    /// SIGTERM, as a service manager stops a daemon, and waits for it to exit;
+    /// SIGKILL after `timeout`.
+    fn stop(&mut self, timeout: Duration) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).output();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "kube: {} did not exit on SIGTERM within {timeout:?}",
+            self.name
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -499,6 +583,9 @@ pub struct Footprint {
     pub iptables: Option<String>,
     /// The nodes' network namespaces (`/run/netns/NAME`): must be gone.
     pub netns: Vec<String>,
+    /// The nodes' mount namespaces (node name, nsfs inode: `mnt:[INODE]`): no process
+    /// may be in one any more, and no mount may hold one.
+    pub mount_namespaces: Vec<(String, u64)>,
     /// Those of [`FIXED_PATHS`] that did not exist before, and whether each is checked.
     absent: Vec<(PathBuf, bool)>,
     /// What [`SHIM_SOCKETS`] held before.
@@ -513,6 +600,7 @@ impl Footprint {
             dir: dir.to_path_buf(),
             interfaces: Vec::new(),
             netns: Vec::new(),
+            mount_namespaces: Vec::new(),
             cgroups: Vec::new(),
             sysctls: SYSCTLS
                 .iter()
@@ -540,6 +628,17 @@ impl Footprint {
         }
         for (pid, what) in processes_of(&self.dir, &self.cgroup_names()) {
             left.push(format!("process {pid}: {what}"));
+        }
+        let inodes: Vec<u64> = self.mount_namespaces.iter().map(|(_, i)| *i).collect();
+        for (pid, what) in processes_in_mount_namespaces(&inodes) {
+            left.push(format!("process {pid} in a node's mount namespace: {what}"));
+        }
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for (node, inode) in &self.mount_namespaces {
+            let held = format!(" mnt:[{inode}] ");
+            for line in table.lines().filter(|l| l.contains(&held)) {
+                left.push(format!("{node}'s mount namespace still mounted: {line}"));
+            }
         }
         for i in &self.interfaces {
             if Path::new("/sys/class/net").join(i).exists() {
@@ -738,9 +837,38 @@ fn processes_of(dir: &Path, cgroup_names: &[String]) -> Vec<(u32, String)> {
     found
 }
 
+/// Processes whose mount namespace is one of `inodes` (nsfs inodes): (pid, what).
+fn processes_in_mount_namespaces(inodes: &[u64]) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in list_dir(Path::new("/proc")).unwrap_or_default() {
+        let Some(pid) = entry
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(ns) = std::fs::metadata(entry.join("ns/mnt")) else {
+            continue;
+        };
+        if inodes.contains(&ns.ino()) {
+            let cmdline = std::fs::read(entry.join("cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            found.push((pid, cmdline.trim().to_owned()));
+        }
+    }
+    found
+}
+
 /// Mount points at or under `dir`, in mount order.
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mount_points_under(&table, dir)
+}
+
+/// The mount points of a mountinfo `table` at or under `dir`, in mount order.
+fn mount_points_under(table: &str, dir: &Path) -> Vec<PathBuf> {
     table
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
@@ -759,6 +887,20 @@ fn unmount_all(dir: &Path) {
         for m in mounts.iter().rev() {
             let _ = Command::new("umount").arg("-l").arg(m).output();
         }
+    }
+}
+
+/// Kills every process in the mount namespace `inode`, a few rounds.
+fn kill_processes_in_mount_namespace(inode: u64) {
+    for _round in 0..5 {
+        let found = processes_in_mount_namespaces(&[inode]);
+        if found.is_empty() {
+            return;
+        }
+        for (pid, _) in found {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).output();
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -847,13 +989,18 @@ pub struct KubeCluster {
     pub server: String,
     /// Time from [`KubeCluster::start`] to the first node Ready.
     pub bring_up: Duration,
-    options: KubeOptions,
     pki: Pki,
     /// etcd, apiserver, controller-manager, scheduler, CoreDNS, in start order.
     control: Vec<Daemon>,
     nodes: Vec<Node>,
     /// The pause image as an OCI archive, imported into every node.
     pause_archive: PathBuf,
+    /// Registries (`host:port`) every node's containerd reaches over plain HTTP: the
+    /// options' and those added since; a node added later gets them all.
+    plain_http_registries: Vec<String>,
+    /// Listeners on the control-plane address passing connections on to a registry of
+    /// the test's (see [`KubeCluster::expose_registry`]).
+    forwarders: Vec<Forwarder>,
     footprint: Footprint,
     /// Removed last, after everything under it is unmounted.
     temp: Option<tempfile::TempDir>,
@@ -917,7 +1064,8 @@ impl KubeCluster {
             kubeconfig: dir.join("admin.kubeconfig"),
             server: format!("https://{}:6443", addrs.control_plane()),
             bring_up: Duration::ZERO,
-            options: options.clone(),
+            plain_http_registries: options.plain_http_registries.clone(),
+            forwarders: Vec::new(),
             pki: Pki {
                 dir: dir.join("pki"),
             },
@@ -938,9 +1086,18 @@ impl KubeCluster {
             &iface(slot),
         ]);
         ip(&["link", "set", &iface(slot), "up"]);
-        // Pods with Bidirectional mounts need the kubelet's root on a shared mount.
+        // Shared, so that the nodes' mount namespaces (its slaves) see what the test
+        // mounts under it later.
         run(Command::new("mount").args(["--bind", s(&dir), s(&dir)]));
         run(Command::new("mount").args(["--make-rshared", s(&dir)]));
+        // Empty here; each node's mount namespace binds the node's own directory on it.
+        std::fs::create_dir(cluster.host_root()).expect("create host root");
+        // The nodes' mount namespaces are kept as files here: a mount namespace can
+        // only be bind-mounted onto a mount that does not propagate.
+        let ns = dir.join("ns");
+        std::fs::create_dir(&ns).expect("create ns dir");
+        run(Command::new("mount").args(["--bind", s(&ns), s(&ns)]));
+        run(Command::new("mount").args(["--make-private", s(&ns)]));
         cluster.pki = Pki::make(&dir, addrs);
         cluster
             .pki
@@ -962,9 +1119,7 @@ impl KubeCluster {
             d.check_alive();
         }
         for n in &self.nodes {
-            for d in n.containerd.iter().chain(n.kubelet.iter()) {
-                d.check_alive();
-            }
+            n.check_daemons();
         }
     }
 
@@ -1212,6 +1367,47 @@ impl KubeCluster {
         &self.nodes
     }
 
+    /// Node `index` (0-based: `node-1` is 0), to restart its containerd or kubelet.
+    pub fn node_mut(&mut self, index: usize) -> &mut Node {
+        &mut self.nodes[index]
+    }
+
+    /// Where every node sees its own "host filesystem": the same path on each node,
+    /// a different directory behind it ([`Node::host_path`]), as on separate machines.
+    /// A chart's hostPaths go under here. In the test's mount namespace it is an empty
+    /// directory.
+    pub fn host_root(&self) -> PathBuf {
+        self.dir.join("host")
+    }
+
+    /// Makes every node's containerd (and every node added later) pull from `host`
+    /// (`host:port`) over plain HTTP: a `hosts.toml` in each node's
+    /// [`CONTAINERD_CERTS_D`], which containerd reads at every pull. The registry must
+    /// be reachable from every node: on the control-plane address (see
+    /// [`KubeCluster::expose_registry`]).
+    pub fn trust_plain_http_registry(&mut self, host: &str) {
+        for node in &self.nodes {
+            write_hosts_toml(&node.host_path(CONTAINERD_CERTS_D), host);
+        }
+        if !self.plain_http_registries.iter().any(|r| r == host) {
+            self.plain_http_registries.push(host.to_owned());
+        }
+    }
+
+    /// Makes the registry at `addr` (e.g. a [`super::registry::Registry`]'s
+    /// `127.0.0.1:PORT`, which only node 1 reaches) reachable from every node: a
+    /// listener on the control-plane address, which every node routes to, passes each
+    /// connection on to `addr`; every node's containerd trusts it over plain HTTP.
+    /// Returns its `host:port` (`198.19.(100+S).254:PORT`), the registry's name in the
+    /// image references the nodes pull. It lives as long as the cluster.
+    pub fn expose_registry(&mut self, addr: &str) -> String {
+        let forwarder = Forwarder::start(self.addrs.control_plane(), addr);
+        let host = forwarder.addr.to_string();
+        self.forwarders.push(forwarder);
+        self.trust_plain_http_registry(&host);
+        host
+    }
+
     /// `kubectl --kubeconfig ADMIN ARGS`, whatever its outcome.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_command()
@@ -1306,6 +1502,7 @@ impl Drop for KubeCluster {
         while let Some(daemon) = self.control.pop() {
             drop(daemon);
         }
+        self.forwarders.clear();
         kill_processes_of(&self.dir, &self.footprint.cgroup_names());
         unmount_all(&self.dir);
         for c in self.footprint.cgroups.iter().rev() {
@@ -1321,6 +1518,83 @@ impl Drop for KubeCluster {
             }
         }
     }
+}
+
+/// A TCP listener on an address every node reaches, passing each connection on to a
+/// target only the test's network namespace reaches (a registry on 127.0.0.1). Threads
+/// of the test process: nothing of it outlives the process.
+#[derive(Debug)]
+struct Forwarder {
+    /// Where it listens: `CONTROL_PLANE:PORT`.
+    addr: SocketAddr,
+    /// Tells the accepting thread to stop; it is woken by a connection of our own.
+    stop: Arc<AtomicBool>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+impl Forwarder {
+    fn start(ip: Ipv4Addr, target: &str) -> Forwarder {
+        let listener = TcpListener::bind((ip, 0))
+            .unwrap_or_else(|e| panic!("listen on {ip} to pass connections on to {target}: {e}"));
+        let addr = listener.local_addr().expect("listener address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let target = target.to_owned();
+        let stopping = stop.clone();
+        let accepting = std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                // Refused: the client sees its connection closed, as from the registry.
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                pipe(&client, &server);
+                pipe(&server, &client);
+            }
+        });
+        Forwarder {
+            addr,
+            stop,
+            accepting: Some(accepting),
+        }
+    }
+}
+
+/// Copies `from` to `to` on a thread of its own until `from` ends, then ends `to`'s
+/// writing side (HTTP clients wait for the end of a body otherwise).
+fn pipe(from: &TcpStream, to: &TcpStream) {
+    let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.accepting.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A `hosts.toml` under `certs_d` for `registry` (`host:port`), over plain HTTP.
+fn write_hosts_toml(certs_d: &Path, registry: &str) {
+    let d = certs_d.join(registry);
+    std::fs::create_dir_all(&d).expect("create hosts dir");
+    std::fs::write(
+        d.join("hosts.toml"),
+        format!(
+            "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+        ),
+    )
+    .expect("write hosts.toml");
 }
 
 /// The cluster's interface in slot `slot`.
@@ -1361,18 +1635,46 @@ fn remove_cgroup(dir: &Path) {
 }
 
 /// One node: containerd 2 with CRI and a kubelet, each with its state under
-/// `dir/nodes/node-N`.
+/// `dir/nodes/node-N`, in a mount namespace of the node's own (and, after the first,
+/// a network namespace of its own).
+///
+/// # The node's view
+///
+/// In the node's mount namespace, [`KubeCluster::host_root`] is a bind of the node's
+/// own directory ([`Node::host_path`] shows it from the test), so a path under it means
+/// "this node's" on every node, as `/var/lib/…` does on separate machines. The node's
+/// containerd config, hosts directory and socket are there too
+/// ([`Node::containerd_config_in_view`] and its siblings). Run a program as the node
+/// sees things with [`Node::command`].
 #[derive(Debug)]
 pub struct Node {
     /// `node-N`, the Node object's name.
     pub name: String,
     pub ip: Ipv4Addr,
-    /// Everything of the node: containerd's root and state, the kubelet's root.
+    /// Everything of the node: containerd's root and state, the kubelet's root, the
+    /// directory behind its view of the host root (`host/`).
     pub dir: PathBuf,
-    /// The CRI socket (containerd's).
+    /// The CRI socket (containerd's), as the test reaches it (its path in the node's
+    /// view is [`Node::containerd_socket_in_view`]).
     pub containerd_socket: PathBuf,
-    /// The kubelet's `--root-dir` (pods' volumes; a chart's hostPaths go under here).
+    /// The kubelet's `--root-dir` (pods' volumes); a shared mount in the node's
+    /// namespace.
     pub kubelet_root: PathBuf,
+    /// [`KubeCluster::host_root`], the same for every node.
+    host_root: PathBuf,
+    /// What the node sees at `host_root` (`dir/host`).
+    host_dir: PathBuf,
+    /// The cluster's temp dir: everything mounted under it in the node's mount
+    /// namespace is unmounted on drop.
+    cluster_dir: PathBuf,
+    /// The node's mount namespace, kept as a file (`cluster dir/ns/node-N`).
+    mount_ns: PathBuf,
+    /// Its nsfs inode, by which its processes are found.
+    mount_ns_inode: u64,
+    /// The cluster's admin kubeconfig, to wait for the node to be Ready.
+    admin_kubeconfig: PathBuf,
+    /// The kubelet's `--image-service-endpoint`; `None`: containerd's socket.
+    image_service_endpoint: Option<PathBuf>,
     containerd: Option<Daemon>,
     kubelet: Option<Daemon>,
     /// The node's cgroup root in every v1 hierarchy.
@@ -1388,7 +1690,14 @@ impl Node {
         let addrs = cluster.addrs;
         let name = format!("node-{n}");
         let dir = cluster.dir.join("nodes").join(&name);
-        std::fs::create_dir_all(&dir).expect("create node dir");
+        let host_dir = dir.join("host");
+        let kubelet_root = dir.join("kubelet");
+        for d in [&kubelet_root, &host_dir] {
+            std::fs::create_dir_all(d).expect("create node dirs");
+        }
+        for sub in [CONTAINERD_CERTS_D, "run/containerd"] {
+            std::fs::create_dir_all(host_dir.join(sub)).expect("create node host dirs");
+        }
         let ip_addr = addrs.node(n);
         let netns = if n == 1 {
             ip(&[
@@ -1402,6 +1711,7 @@ impl Node {
         } else {
             Some(node_netns(cluster, n))
         };
+        let (mount_ns, mount_ns_inode) = node_mount_ns(cluster, &name, &host_dir, &kubelet_root);
         let bridge = format!("tskbr{}-{n}", addrs.slot);
         let network = format!("tessera-kube-{}-{n}", addrs.slot);
         cluster.footprint.interfaces.push(bridge.clone());
@@ -1415,8 +1725,15 @@ impl Node {
         let mut node = Node {
             name: name.clone(),
             ip: ip_addr,
-            containerd_socket: dir.join("containerd.sock"),
-            kubelet_root: dir.join("kubelet"),
+            containerd_socket: host_dir.join(CONTAINERD_SOCKET),
+            kubelet_root,
+            host_root: cluster.host_root(),
+            host_dir,
+            cluster_dir: cluster.dir.clone(),
+            mount_ns,
+            mount_ns_inode,
+            admin_kubeconfig: cluster.kubeconfig.clone(),
+            image_service_endpoint: None,
             dir,
             containerd: None,
             kubelet: None,
@@ -1425,24 +1742,75 @@ impl Node {
             netns,
         };
         node.write_cni(addrs, n, &network);
-        node.start_containerd(cluster);
+        node.write_containerd_config(&cluster.plain_http_registries);
+        node.start_containerd();
         node.import_pause(&cluster.pause_archive);
-        node.start_kubelet(cluster, &cgroup_name);
+        node.write_kubelet_config(cluster, &cgroup_name);
+        node.start_kubelet();
         node
     }
 
-    /// `program` in the node's network namespace (nsenter with `--net` alone execs it:
-    /// the child's pid is the program's, and it shares the test's mounts).
-    fn command(&self, program: &Path) -> Command {
-        match &self.netns {
-            None => Command::new(program),
-            Some(ns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{ns}"))
-                    .arg("--")
-                    .arg(program);
-                c
-            }
+    /// `program` run as the node runs things: in its mount namespace (and its network
+    /// namespace, nodes after the first), so that it sees the node's view of
+    /// [`KubeCluster::host_root`], the mounts the node's pods made there (FUSE mounts,
+    /// tmpfs) and the node's ports. nsenter execs `program`: the child's pid is the
+    /// program's. Its working directory is the namespace's `/`.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--mount={}", s(&self.mount_ns)));
+        if let Some(ns) = &self.netns {
+            c.arg(format!("--net=/run/netns/{ns}"));
+        }
+        c.arg("--").arg(program);
+        c
+    }
+
+    /// [`KubeCluster::host_root`]: where this node sees its own host filesystem.
+    pub fn host_root(&self) -> &Path {
+        &self.host_root
+    }
+
+    /// Where the node's `<host_root>/p` lives as seen from the test, for reading and
+    /// writing files without [`Node::command`]. `p` is relative to the host root, or
+    /// an absolute path under it. Mounts the node made there are not seen from here.
+    pub fn host_path(&self, p: impl AsRef<Path>) -> PathBuf {
+        let p = p.as_ref();
+        let relative = if p.is_absolute() {
+            p.strip_prefix(&self.host_root).unwrap_or_else(|_| {
+                panic!(
+                    "{} is not under the host root {}",
+                    p.display(),
+                    self.host_root.display()
+                )
+            })
+        } else {
+            p
+        };
+        self.host_dir.join(relative)
+    }
+
+    /// containerd's config file as the node sees it (`<host_root>/`[`CONTAINERD_CONFIG`]);
+    /// containerd reads it at every start ([`Node::restart_containerd`]).
+    pub fn containerd_config_in_view(&self) -> PathBuf {
+        self.host_root.join(CONTAINERD_CONFIG)
+    }
+
+    /// containerd's hosts directory (`config_path`) as the node sees it
+    /// (`<host_root>/`[`CONTAINERD_CERTS_D`]).
+    pub fn certs_dir_in_view(&self) -> PathBuf {
+        self.host_root.join(CONTAINERD_CERTS_D)
+    }
+
+    /// containerd's socket as the node sees it (`<host_root>/`[`CONTAINERD_SOCKET`]):
+    /// the kubelet's runtime endpoint.
+    pub fn containerd_socket_in_view(&self) -> PathBuf {
+        self.host_root.join(CONTAINERD_SOCKET)
+    }
+
+    /// Panics if the node's containerd or kubelet has died.
+    fn check_daemons(&self) {
+        for d in self.containerd.iter().chain(self.kubelet.iter()) {
+            d.check_alive();
         }
     }
 
@@ -1475,31 +1843,32 @@ impl Node {
             .expect("write CNI config");
     }
 
-    fn start_containerd(&mut self, cluster: &KubeCluster) {
-        let hosts = self.dir.join("certs.d");
-        for registry in &cluster.options.plain_http_registries {
-            let d = hosts.join(registry);
-            std::fs::create_dir_all(&d).expect("create hosts dir");
-            std::fs::write(
-                d.join("hosts.toml"),
-                format!(
-                    "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-                ),
-            )
-            .expect("write hosts.toml");
+    /// containerd's config and a `hosts.toml` per plain-HTTP registry, at the fixed
+    /// paths of the node's view.
+    fn write_containerd_config(&self, registries: &[String]) {
+        for registry in registries {
+            write_hosts_toml(&self.host_path(CONTAINERD_CERTS_D), registry);
         }
-        let config = self.dir.join("containerd.toml");
-        std::fs::write(&config, self.containerd_toml(&hosts)).expect("write containerd config");
-        let mut command = self.command(&containerd_bin("containerd"));
+        let config = self.host_path(CONTAINERD_CONFIG);
+        std::fs::write(&config, self.containerd_toml()).expect("write containerd config");
+    }
+
+    /// Starts containerd with the config file in the node's view, and waits until it
+    /// answers.
+    fn start_containerd(&mut self) {
+        let mut command = self.command(containerd_bin("containerd"));
         // Its own shim and the shim its own runc.
         let mut paths = vec![containerd_bin_dir()];
         paths.extend(std::env::split_paths(
             &std::env::var_os("PATH").unwrap_or_default(),
         ));
-        command.arg("--config").arg(&config).env(
-            "PATH",
-            std::env::join_paths(paths).expect("PATH without ':'"),
-        );
+        command
+            .arg("--config")
+            .arg(self.containerd_config_in_view())
+            .env(
+                "PATH",
+                std::env::join_paths(paths).expect("PATH without ':'"),
+            );
         let log = self.dir.join("containerd.log");
         self.containerd = Some(Daemon::spawn(
             &format!("{} containerd", self.name),
@@ -1509,11 +1878,7 @@ impl Node {
         wait_for(
             &format!("{} containerd", self.name),
             DAEMON_START,
-            || {
-                if let Some(d) = &self.containerd {
-                    d.check_alive();
-                }
-            },
+            || self.check_daemons(),
             || {
                 let out = self.ctr(&["version"]);
                 if out.status.success() {
@@ -1525,9 +1890,21 @@ impl Node {
         );
     }
 
-    /// containerd 2 (config version 3) as a node runs it, every file under the node's
-    /// dir; plugins that would probe or write to the host are off.
-    fn containerd_toml(&self, hosts: &Path) -> String {
+    /// Stops containerd (SIGTERM, as `systemctl restart containerd` does), starts it
+    /// again with the same config file (re-read: the chart's init container edits it),
+    /// and waits until it answers. Running containers live on: their shims are not
+    /// containerd's children, and the new containerd reconnects to them.
+    pub fn restart_containerd(&mut self) {
+        if let Some(mut d) = self.containerd.take() {
+            d.stop(Duration::from_secs(30));
+        }
+        self.start_containerd();
+    }
+
+    /// containerd 2 (config version 3) as a node runs it: its root and state under the
+    /// node's dir, its socket and hosts directory in the node's view; plugins that
+    /// would probe or write to the host are off.
+    fn containerd_toml(&self) -> String {
         let d = |sub: &str| s(&self.dir.join(sub)).to_owned();
         format!(
             r#"version = 3
@@ -1590,9 +1967,9 @@ disabled_plugins = [
             root = d("containerd/root"),
             state = d("containerd/state"),
             temp = d("containerd/tmp"),
-            socket = s(&self.containerd_socket),
+            socket = s(&self.containerd_socket_in_view()),
             pause = PAUSE_IMAGE,
-            hosts = s(hosts),
+            hosts = s(&self.certs_dir_in_view()),
             runc = s(&containerd_bin("runc")),
             runc_root = d("runc"),
             cni_bin = CNI_BIN,
@@ -1642,16 +2019,19 @@ disabled_plugins = [
         );
     }
 
-    fn start_kubelet(&mut self, cluster: &KubeCluster, cgroup_name: &str) {
+    /// The kubelet's certificate, kubeconfig and config file.
+    fn write_kubelet_config(&self, cluster: &KubeCluster, cgroup_name: &str) {
         let pki = &cluster.pki;
         let subject = format!("/O=system:nodes/CN=system:node:{}", self.name);
         pki.client(&self.name, &subject);
-        let kubeconfig = self.dir.join("kubelet.kubeconfig");
-        pki.kubeconfig(&kubeconfig, &cluster.server, &self.name);
-        let config = self.dir.join("kubelet.yaml");
+        pki.kubeconfig(
+            &self.dir.join("kubelet.kubeconfig"),
+            &cluster.server,
+            &self.name,
+        );
         let d = |sub: &str| s(&self.dir.join(sub)).to_owned();
         std::fs::write(
-            &config,
+            self.dir.join("kubelet.yaml"),
             format!(
                 r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -1692,27 +2072,97 @@ serializeImagePulls: false
 "#,
                 ip = self.ip,
                 ca = s(&pki.ca()),
-                socket = s(&self.containerd_socket),
+                socket = s(&self.containerd_socket_in_view()),
                 logs = d("pod-logs"),
                 dns = cluster.addrs.control_plane(),
             ),
         )
         .expect("write kubelet config");
-        let mut kubelet = self.command(&kube_bin("kubelet"));
+    }
+
+    /// Starts the kubelet in the node's namespaces (its image service
+    /// [`Node::image_service_endpoint`]'s).
+    fn start_kubelet(&mut self) {
+        let d = |sub: &str| s(&self.dir.join(sub)).to_owned();
+        let mut kubelet = self.command(kube_bin("kubelet"));
         kubelet
-            .arg(format!("--config={}", s(&config)))
-            .arg(format!("--kubeconfig={}", s(&kubeconfig)))
+            .arg(format!("--config={}", d("kubelet.yaml")))
+            .arg(format!("--kubeconfig={}", d("kubelet.kubeconfig")))
             .arg(format!("--hostname-override={}", self.name))
             .arg(format!("--node-ip={}", self.ip))
             .arg(format!("--root-dir={}", s(&self.kubelet_root)))
             // Its default is /var/lib/kubelet/pki whatever --root-dir says.
             .arg(format!("--cert-dir={}", d("kubelet-pki")))
             .arg(format!("--volume-plugin-dir={}", d("volume-plugins")));
+        if let Some(endpoint) = &self.image_service_endpoint {
+            kubelet.arg(format!("--image-service-endpoint=unix://{}", s(endpoint)));
+        }
         self.kubelet = Some(Daemon::spawn(
             &format!("{} kubelet", self.name),
             kubelet,
             &self.dir.join("kubelet.log"),
         ));
+    }
+
+    /// Restarts the kubelet (SIGTERM, then started again) with
+    /// `--image-service-endpoint=unix://ENDPOINT` (a path as the node sees it, e.g. a
+    /// CRI proxy's socket under [`KubeCluster::host_root`]), or with containerd as its
+    /// image service again for `None`; returns once the new kubelet has reported the
+    /// node Ready. Pods live on (containerd runs them).
+    pub fn set_image_service_endpoint(&mut self, endpoint: Option<&Path>) {
+        self.image_service_endpoint = endpoint.map(Path::to_path_buf);
+        if let Some(mut d) = self.kubelet.take() {
+            d.stop(Duration::from_secs(30));
+        }
+        let since = utc_now_rfc3339();
+        self.start_kubelet();
+        self.wait_ready_since(&since);
+    }
+
+    /// Waits until the kubelet's healthz answers and the Node's Ready condition is True
+    /// with a heartbeat at or after `since` (RFC 3339, UTC, seconds): the condition
+    /// of the kubelet started last, not one from before a restart.
+    fn wait_ready_since(&self, since: &str) {
+        let healthz = format!("{}:10248", self.ip);
+        wait_for(
+            &format!("{} kubelet healthz", self.name),
+            DAEMON_START,
+            || self.check_daemons(),
+            || {
+                let body = http_get(&healthz, "/healthz")?;
+                if body.ends_with("ok") {
+                    Ok(())
+                } else {
+                    Err(body)
+                }
+            },
+        );
+        wait_for(
+            &format!("{} Ready after {since}", self.name),
+            BRING_UP,
+            || self.check_daemons(),
+            || {
+                let mut kubectl = Command::new(kube_bin("kubectl"));
+                kubectl
+                    .arg(format!("--kubeconfig={}", s(&self.admin_kubeconfig)))
+                    .args(["get", "node", &self.name, "-o"])
+                    .arg(
+                        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} \
+                         {.status.conditions[?(@.type==\"Ready\")].lastHeartbeatTime}",
+                    )
+                    .stdin(Stdio::null());
+                for var in PROXY_VARS {
+                    kubectl.env_remove(var);
+                }
+                let out = kubectl.output().expect("run kubectl");
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                match text.split_once(' ') {
+                    // RFC 3339 in UTC with `Z` sorts as text.
+                    Some(("True", beat)) if beat >= since => Ok(()),
+                    _ => Err(format!("{text} {}", String::from_utf8_lossy(&out.stderr))),
+                }
+            },
+        );
     }
 }
 
@@ -1729,8 +2179,8 @@ impl Drop for Node {
             }
         }
         self.containerd = None;
-        // Shims (their command line names the socket) and anything in the node's
-        // cgroups.
+        // Shims (their command line names the socket), anything in the node's cgroups,
+        // and anything else in the node's mount namespace (a test's Node::command).
         let names: Vec<String> = self
             .cgroups
             .first()
@@ -1738,9 +2188,14 @@ impl Drop for Node {
             .map(|n| vec![n.to_string_lossy().into_owned()])
             .unwrap_or_default();
         kill_processes_of(&self.dir, &names);
-        // Network namespaces, overlays, volumes; with the pods' namespaces gone their
-        // veths go too, and then the bridge can.
-        unmount_all(&self.dir);
+        kill_processes_in_mount_namespace(self.mount_ns_inode);
+        // In the node's mount namespace: network namespaces, overlays, volumes, what
+        // pods mounted under the host root, the copies of other nodes' namespace
+        // files. Then the namespace itself goes with its file's mount; with the pods'
+        // network namespaces gone their veths go too, and then the bridge can.
+        self.unmount_in_mount_ns();
+        let _ = Command::new("umount").arg(&self.mount_ns).output();
+        let _ = std::fs::remove_file(&self.mount_ns);
         match &self.netns {
             None => {
                 let _ = Command::new("ip")
@@ -1756,6 +2211,89 @@ impl Drop for Node {
             remove_cgroup(c);
         }
     }
+}
+
+impl Node {
+    /// Unmounts everything under the cluster's dir in the node's mount namespace (its
+    /// copy of the dir is a slave: nothing goes back to the test's), saying what stays.
+    fn unmount_in_mount_ns(&self) {
+        let inside = |program: &str| {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--mount={}", s(&self.mount_ns)))
+                .arg("--")
+                .arg(program);
+            c
+        };
+        for _round in 0..3 {
+            let Ok(out) = inside("cat").arg("/proc/self/mountinfo").output() else {
+                return;
+            };
+            let table = String::from_utf8_lossy(&out.stdout).into_owned();
+            let mounts = mount_points_under(&table, &self.cluster_dir);
+            if mounts.is_empty() {
+                return;
+            }
+            let _ = inside("umount")
+                .args(["--recursive", "--lazy"])
+                .arg(&self.cluster_dir)
+                .output();
+        }
+        eprintln!(
+            "kube: mounts left in {}'s mount namespace (it goes when unmounted)",
+            self.name
+        );
+    }
+}
+
+/// Makes node `name`'s mount namespace, kept as the file `cluster dir/ns/NAME`, and
+/// returns the file and the namespace's inode. Inside it, everything is a slave of the
+/// test's mounts (`--propagation slave`: what the test mounts arrives, nothing the node
+/// mounts goes back or to other nodes); [`KubeCluster::host_root`] is a bind of
+/// `host_dir`, shared as a peer group of its own (the kubelet allows `Bidirectional`
+/// hostPaths only on shared mounts); the kubelet's root is a shared bind on itself
+/// (its pods' volumes).
+fn node_mount_ns(
+    cluster: &mut KubeCluster,
+    name: &str,
+    host_dir: &Path,
+    kubelet_root: &Path,
+) -> (PathBuf, u64) {
+    require_tool("unshare");
+    require_tool("nsenter");
+    let file = cluster.dir.join("ns").join(name);
+    std::fs::File::create(&file).expect("create mount namespace file");
+    run(Command::new("unshare")
+        .arg(format!("--mount={}", s(&file)))
+        .args(["--propagation", "slave", "true"]));
+    let inode = std::fs::metadata(&file)
+        .expect("stat mount namespace file")
+        .ino();
+    cluster
+        .footprint
+        .mount_namespaces
+        .push((name.to_owned(), inode));
+    let host_root = cluster.host_root();
+    let inside = |args: &[&str]| {
+        run(Command::new("nsenter")
+            .arg(format!("--mount={}", s(&file)))
+            .args(["--", "mount"])
+            .args(args));
+    };
+    inside(&["--make-rslave", s(&cluster.dir)]);
+    inside(&["--bind", s(host_dir), s(&host_root)]);
+    inside(&["--make-shared", s(&host_root)]);
+    inside(&["--bind", s(kubelet_root), s(kubelet_root)]);
+    inside(&["--make-rshared", s(kubelet_root)]);
+    (file, inode)
+}
+
+/// Now in UTC as RFC 3339 to the second (`date -u`), as the apiserver writes times.
+fn utc_now_rfc3339() -> String {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .expect("run date");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// Makes node `n`'s network namespace `tskS-nN`, joined to the test's by a veth pair
