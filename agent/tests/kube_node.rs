@@ -375,6 +375,30 @@ fn each_node_has_a_host_filesystem_of_its_own() {
         ]);
     }
 
+    // What the test mounts under the cluster's dir reaches every node; what the nodes
+    // mounted did not come back (checked below).
+    let from_test = cluster.dir.join("from-test");
+    std::fs::create_dir(&from_test).unwrap();
+    let mount = |args: &[&str]| {
+        let status = std::process::Command::new(args[0])
+            .args(&args[1..])
+            .status()
+            .unwrap();
+        assert!(status.success(), "{args:?}");
+    };
+    let from_test_s = from_test.to_str().unwrap();
+    mount(&["mount", "-t", "tmpfs", "tessera-from-test", from_test_s]);
+    for node in cluster.nodes() {
+        let mounts = mounts_at(&on_node(node, "cat", &["/proc/self/mountinfo"]), &from_test);
+        assert_eq!(
+            mounts.len(),
+            1,
+            "{} sees {mounts:?} at {from_test_s}",
+            node.name
+        );
+    }
+    mount(&["umount", from_test_s]);
+
     let test_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !dir.exists() && !test_mounts.contains(cluster.host_root().to_str().unwrap()),

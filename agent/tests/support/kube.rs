@@ -1504,6 +1504,11 @@ impl Drop for KubeCluster {
         }
         self.forwarders.clear();
         kill_processes_of(&self.dir, &self.footprint.cgroup_names());
+        // A node whose start panicked before it was one has no drop of its own: its
+        // namespace goes once its processes do and its file is unmounted (below).
+        for (_, inode) in &self.footprint.mount_namespaces {
+            kill_processes_in_mount_namespace(*inode);
+        }
         unmount_all(&self.dir);
         for c in self.footprint.cgroups.iter().rev() {
             remove_cgroup(c);
