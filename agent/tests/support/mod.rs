@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod chart;
 pub mod containerd;
 pub mod cri;
 pub mod fault_proxy;

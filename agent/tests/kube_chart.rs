@@ -1,0 +1,349 @@
+//! The Tessera Helm chart on a real Kubernetes node (issue 46): the control plane, a
+//! kubelet and containerd 2 (`support::kube`), the chart installed with `helm` from
+//! images built of this build's binaries (`support::chart`), and the node set up as
+//! docs/operations.md tells an operator to: containerd restarted once after the init
+//! container made the Tessera snapshotter its own, the kubelet's image service pointed
+//! at the agent's CRI proxy.
+//!
+//! Needs root, `make kubernetes-deps`, `make containerd-deps`, `make chart-deps`, and
+//! Debian's busybox-static, docker-registry, umoci, skopeo and
+//! containernetworking-plugins (`make test-deps`).
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::chart::{NodePaths, Release};
+use support::fault_proxy::FaultProxy;
+use support::kube::{KubeCluster, KubeOptions};
+use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
+use support::registry::{Auth, Registry};
+
+const USER: &str = "puller";
+/// Distinctive, so that finding it anywhere is a finding.
+const PASSWORD: &str = "pw-kube-chart-4d1e";
+
+/// What the app prints: a line of a small file of its image.
+const HELLO: &str = "hello from a lazily started private image";
+
+/// The chart's values for the node's snapshotter and CRI proxy.
+const SNAPSHOTTER_VALUES: &str = r#"agent:
+  snapshotter:
+    enabled: true
+  criProxy:
+    enabled: true
+containerd:
+  configureSnapshotter: true
+"#;
+
+/// A pod `name` running `image` (its `/bin/sh` prints the first line of /data/hello,
+/// then waits), with `secret` as its pull secret if given.
+fn app_pod(name: &str, image: &str, secret: Option<&str>) -> String {
+    let secrets = match secret {
+        Some(s) => format!("  imagePullSecrets:\n    - name: {s}\n"),
+        None => String::new(),
+    };
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+{secrets}  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {image}
+      imagePullPolicy: Always
+      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; read l < /data/hello; echo \"$l\"; while :; do sleep 1; done"]
+"#
+    )
+}
+
+/// Waits until `check` (given `kubectl get pod NAME -o json`) holds, panicking with
+/// the pod and the release after `within`.
+fn wait_pod(
+    cluster: &KubeCluster,
+    release: &Release,
+    name: &str,
+    within: Duration,
+    what: &str,
+    check: impl Fn(&serde_json::Value) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = cluster.kubectl(&["get", "pod", name, "-o", "json"]);
+        let pod: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        if check(&pod) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod {name} is not {what} after {within:?}:\n{:#}\n--- release ---\n{}",
+            pod["status"],
+            release.describe()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn waiting_reason(pod: &serde_json::Value) -> Option<String> {
+    pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn is_ready(pod: &serde_json::Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// (a) A converted image in a private repository starts lazily through the chart's
+/// snapshotter and CRI proxy with the pod's pull secret, the registry sending only a
+/// fraction of the image; without the secret the pod stays in ErrImagePull.
+#[test]
+fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
+    require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("tkch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start_with(Auth::Basic {
+        username: USER.into(),
+        password: PASSWORD.into(),
+    });
+    let proxy = FaultProxy::start(&registry.addr);
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let big = 24 << 20;
+    let layout = t.path().join("layout");
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[
+            vec![("bin/sh", busybox)],
+            vec![
+                ("data/hello", format!("{HELLO}\n").into_bytes()),
+                ("data/big", pseudo_random(big, 46)),
+            ],
+        ],
+        &["bin/sh"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let creds = format!("{USER}:{PASSWORD}");
+    let home = t.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    support::convert(
+        &home,
+        &format!("{}/src/app:v1", registry.addr),
+        &format!("{}/private/app:v1", registry.addr),
+        &["--src-creds", &creds, "--dest-creds", &creds],
+    );
+    let image = format!("{}/private/app:v1", proxy.addr);
+
+    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&proxy.addr));
+    let paths = NodePaths::of(&cluster);
+    let release = Release::install(&cluster, "tessera", &paths, SNAPSHOTTER_VALUES);
+    let node_name = cluster.nodes()[0].name.clone();
+    release.agent_pod_on(&node_name);
+    // What an operator does once per node after installing (docs/operations.md):
+    // restart containerd for the snapshotter the init container configured, and point
+    // the kubelet's image service at the agent's CRI proxy.
+    let config =
+        std::fs::read_to_string(cluster.nodes()[0].host_path(&paths.containerd_config)).unwrap();
+    assert!(
+        config.contains("snapshotter = \"tessera\"") && config.contains("[proxy_plugins.tessera]"),
+        "the init container did not configure the snapshotter:\n{config}"
+    );
+    cluster.node_mut(0).restart_containerd();
+    cluster
+        .node_mut(0)
+        .set_image_service_endpoint(Some(&paths.root.join("run/tessera/cri.sock")));
+    release.agent_pod_on(&node_name);
+
+    // Without the secret: refused at the registry, the pod stays waiting for its image.
+    cluster.kubectl_apply(&app_pod("no-secret", &image, None));
+    wait_pod(
+        &cluster,
+        &release,
+        "no-secret",
+        Duration::from_secs(60),
+        "in ErrImagePull",
+        |p| {
+            matches!(
+                waiting_reason(p).as_deref(),
+                Some("ErrImagePull" | "ImagePullBackOff")
+            )
+        },
+    );
+    cluster.kubectl_ok(&["delete", "pod", "no-secret", "--wait=true"]);
+
+    // With it: started lazily.
+    cluster.kubectl_ok(&[
+        "create",
+        "secret",
+        "docker-registry",
+        "regcred",
+        &format!("--docker-server={}", proxy.addr),
+        &format!("--docker-username={USER}"),
+        &format!("--docker-password={PASSWORD}"),
+    ]);
+    let before = proxy.blob_bytes();
+    cluster.kubectl_apply(&app_pod("app", &image, Some("regcred")));
+    wait_pod(
+        &cluster,
+        &release,
+        "app",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+    let logs = cluster.kubectl_ok(&["logs", "app"]);
+    assert!(logs.contains(HELLO), "the app printed {logs:?}");
+    let sent = proxy.blob_bytes() - before;
+    eprintln!(
+        "registry sent {:.1} MiB of blobs for the start of a {:.0} MiB image",
+        sent as f64 / (1 << 20) as f64,
+        big as f64 / (1 << 20) as f64
+    );
+    assert!(
+        sent < big as u64 / 4,
+        "the start fetched {sent} bytes: more than a start reads of a {big}-byte image"
+    );
+    // The snapshotter mounted it lazily (its bootstrap, no layer unpacked), and the
+    // pull came through the CRI proxy with the pod's credentials.
+    let metrics = agent_metrics(&cluster);
+    for line in [
+        r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#,
+        r#"tessera_agent_cri_pulls_total{credentials="yes",outcome="ok"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in:\n{metrics}");
+    }
+    finish(cluster, release);
+}
+
+/// The end of every test: no container of the release panicked; the release is
+/// uninstalled, the cluster dropped, and the machine holds nothing of either.
+fn finish(cluster: KubeCluster, release: Release) {
+    release.assert_no_panics();
+    let footprint = cluster.footprint();
+    drop(release);
+    drop(cluster);
+    footprint.assert_clean();
+}
+
+/// The agent's metrics on node 1 (its metrics port on the node's address).
+fn agent_metrics(cluster: &KubeCluster) -> String {
+    let url = format!("http://{}:9464/metrics", cluster.addrs.node(1));
+    let out = std::process::Command::new("curl")
+        .args(["-sf", "--max-time", "5", &url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "GET {url} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// (c) Images nobody converted: a plain image with an index beside it (`tessera
+/// index`) starts lazily through the snapshotter, and an ordinary image comes through
+/// the agent's registry mirror (the chart's init container wrote containerd's
+/// hosts.toml for the registry).
+#[test]
+fn indexed_and_ordinary_images_start_through_the_chart() {
+    require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("tkch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let big = 24 << 20;
+    for (repo, seed) in [("plain/indexed", 47), ("plain/ordinary", 48)] {
+        let layout = t.path().join(repo.replace('/', "-"));
+        build_files_image_with(
+            &layout,
+            "amd64",
+            &[
+                vec![("bin/sh", busybox.clone())],
+                vec![
+                    ("data/hello", format!("{HELLO} ({repo})\n").into_bytes()),
+                    ("data/big", pseudo_random(big, seed)),
+                ],
+            ],
+            &["bin/sh"],
+            serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+        );
+        registry.push_layout(&layout, oci::TAG, repo);
+    }
+    let home = t.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    support::index(&home, &format!("{}/plain/indexed:v1", registry.addr), &[]);
+
+    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&proxy.addr));
+    let paths = NodePaths::of(&cluster);
+    let values = format!(
+        "{SNAPSHOTTER_VALUES}  configureMirror: true\n  registries:\n    - {addr}\n  insecure:\n    - {addr}\n",
+        addr = proxy.addr
+    );
+    let release = Release::install(&cluster, "tessera", &paths, &values);
+    let node_name = cluster.nodes()[0].name.clone();
+    release.agent_pod_on(&node_name);
+    cluster.node_mut(0).restart_containerd();
+    release.agent_pod_on(&node_name);
+
+    let before = proxy.blob_bytes();
+    let indexed = format!("{}/plain/indexed:v1", proxy.addr);
+    cluster.kubectl_apply(&app_pod("indexed", &indexed, None));
+    wait_pod(
+        &cluster,
+        &release,
+        "indexed",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+    let logs = cluster.kubectl_ok(&["logs", "indexed"]);
+    assert!(logs.contains("(plain/indexed)"), "the app printed {logs:?}");
+    let sent = proxy.blob_bytes() - before;
+    eprintln!(
+        "indexed plain image: registry sent {:.1} MiB of blobs for its start",
+        sent as f64 / (1 << 20) as f64
+    );
+    assert!(
+        sent < big as u64 / 4,
+        "the indexed image's start fetched {sent} bytes: it was pulled, not mounted lazily"
+    );
+
+    let ordinary = format!("{}/plain/ordinary:v1", proxy.addr);
+    cluster.kubectl_apply(&app_pod("ordinary", &ordinary, None));
+    wait_pod(
+        &cluster,
+        &release,
+        "ordinary",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+    let logs = cluster.kubectl_ok(&["logs", "ordinary"]);
+    assert!(
+        logs.contains("(plain/ordinary)"),
+        "the app printed {logs:?}"
+    );
+    let metrics = agent_metrics(&cluster);
+    let mirrored: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("tessera_agent_mirror_blob_bytes_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        mirrored >= big as f64,
+        "the ordinary image's layers did not come through the mirror ({mirrored} bytes):\n{metrics}"
+    );
+    finish(cluster, release);
+}
