@@ -1,0 +1,329 @@
+//! The Tessera Helm chart's swarm on a real two-node Kubernetes cluster
+//! (`support::kube`, `support::chart`): every node runs its own containerd, kubelet and
+//! agent (host network, in a network namespace of its own from node 2 on), the
+//! scheduler runs as the chart's StatefulSet, and containerd uses the agent's
+//! snapshotter as docs/operations.md tells an operator to (the init container edits
+//! its config, containerd is restarted once on each node).
+//!
+//! The registry (behind a `FaultProxy` that counts the blob bytes it sends) is reached
+//! by every node and every agent on the control-plane address
+//! (`KubeCluster::expose_registry`); the agents speak plain HTTP to it
+//! (`agent.insecureRegistries`).
+//!
+//! Needs root, `make kubernetes-deps`, `make containerd-deps`, `make chart-deps`, and
+//! Debian's busybox-static, docker-registry, umoci, skopeo and
+//! containernetworking-plugins (`make test-deps`).
+
+#![allow(clippy::unwrap_used)] // Tests fail loudly by design.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use support::chart::{NodePaths, Release};
+use support::fault_proxy::FaultProxy;
+use support::kube::KubeCluster;
+use support::kube::KubeOptions;
+use support::oci::{self, pseudo_random, require_tool};
+use support::registry::Registry;
+
+/// The big file every pod reads whole: enough chunks to tell peers from the origin,
+/// little enough to stay quick.
+const BIG: usize = 32 << 20;
+
+/// How long a pod may take from creation to having read the big file.
+const POD_DONE: Duration = Duration::from_secs(120);
+
+/// busybox applets the pods use (a symlink each to `busybox`, which runs the applet
+/// its name says).
+const APPLETS: [&str; 5] = ["sh", "cat", "sha256sum", "sleep", "echo"];
+
+/// A converted image in a registry two nodes reach, and a cluster of two nodes with
+/// the chart installed and containerd using its snapshotter.
+struct Swarm {
+    cluster: KubeCluster,
+    release: Release,
+    /// Counts the registry's blob bytes (every node and agent reaches the registry
+    /// through it).
+    proxy: FaultProxy,
+    /// The converted image as the nodes pull it (the control-plane address).
+    image: String,
+    /// sha256 of the big file, as `sha256sum` prints it.
+    sum: String,
+    _registry: Registry,
+    _work: tempfile::TempDir,
+}
+
+impl Swarm {
+    /// Builds and converts the image, starts two nodes, installs the chart with the
+    /// snapshotter, `scheduler_replicas` and `extra_agent` (YAML lines under `agent:`,
+    /// indented by two), and restarts each node's containerd for the snapshotter.
+    fn start(scheduler_replicas: u32, extra_agent: &str) -> Swarm {
+        require_tool("busybox");
+        require_tool("curl");
+        let work = tempfile::Builder::new()
+            .prefix("tkcs")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let registry = Registry::start();
+        let proxy = FaultProxy::start(&registry.addr);
+        let big = pseudo_random(BIG, 52);
+        let sum = format!("{:x}", Sha256::digest(&big));
+        let layout = busybox_data_layout(work.path(), big);
+        registry.push_layout(&layout, oci::TAG, "src/app");
+        let home = work.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        support::convert(
+            &home,
+            &format!("{}/src/app:v1", registry.addr),
+            &format!("{}/conv/app:v1", registry.addr),
+            &[],
+        );
+
+        let began = Instant::now();
+        let mut cluster = KubeCluster::start(&KubeOptions::default());
+        cluster.add_node();
+        let host = cluster.expose_registry(&proxy.addr);
+        let paths = NodePaths::of(&cluster);
+        let values = format!(
+            r#"agent:
+  snapshotter:
+    enabled: true
+  insecureRegistries:
+    - "{host}"
+{extra_agent}containerd:
+  configureSnapshotter: true
+scheduler:
+  replicas: {scheduler_replicas}
+"#
+        );
+        let release = Release::install(&cluster, "tessera", &paths, &values);
+        for i in 0..cluster.nodes().len() {
+            let name = cluster.nodes()[i].name.clone();
+            release.agent_pod_on(&name);
+            let config =
+                std::fs::read_to_string(cluster.nodes()[i].host_path(&paths.containerd_config))
+                    .unwrap();
+            assert!(
+                config.contains("snapshotter = \"tessera\""),
+                "the init container did not configure {name}'s snapshotter:\n{config}"
+            );
+            cluster.node_mut(i).restart_containerd();
+            release.agent_pod_on(&name);
+        }
+        eprintln!(
+            "two nodes, chart installed, containerd restarted in {:.1?}",
+            began.elapsed()
+        );
+        Swarm {
+            cluster,
+            release,
+            proxy,
+            image: format!("{host}/conv/app:v1"),
+            sum,
+            _registry: registry,
+            _work: work,
+        }
+    }
+
+    /// Creates pod `name` on `node`, which prints the big file's sha256 and ends.
+    fn run_reader(&self, name: &str, node: &str) {
+        self.cluster.kubectl_apply(&format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {image}
+      imagePullPolicy: IfNotPresent
+      command: ["/bin/sh", "-c", "sha256sum /data/big"]
+"#,
+            image = self.image
+        ));
+    }
+
+    /// Waits for pod `name` to end, then checks that it ended well and printed the big
+    /// file's sha256.
+    fn wait_reader(&self, name: &str) {
+        let phase = self.wait_pod(name, POD_DONE, "done", |p| {
+            matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+        });
+        let logs = self.cluster.kubectl_ok(&["logs", name]);
+        assert!(
+            phase["status"]["phase"] == "Succeeded" && logs.contains(&self.sum),
+            "pod {name} ended {} printing {logs:?}, not the big file's sha256 {}:\n{:#}\n{}",
+            phase["status"]["phase"],
+            self.sum,
+            phase["status"],
+            self.release.describe()
+        );
+    }
+
+    /// Waits until `check` holds of `kubectl get pod NAME -o json`, which it returns;
+    /// panics with the pod and the release after `within`.
+    fn wait_pod(
+        &self,
+        name: &str,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let out = self.cluster.kubectl(&["get", "pod", name, "-o", "json"]);
+            let pod: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            if check(&pod) {
+                return pod;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} is not {what} after {within:?}:\n{:#}\n--- release ---\n{}",
+                pod["status"],
+                self.release.describe()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Node `n`'s (1-based) agent's `tessera_agent_bytes_total` for `source`.
+    fn agent_bytes(&self, n: u8, source: &str) -> f64 {
+        let metrics = self.agent_metrics(n);
+        let label = format!("source=\"{source}\"");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("tessera_agent_bytes_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .fold(0.0, |a, b| a + b)
+    }
+
+    /// Node `n`'s (1-based) agent's metrics, on the node's address (node 2's is routed
+    /// from the test's network namespace).
+    fn agent_metrics(&self, n: u8) -> String {
+        let url = format!("http://{}:9464/metrics", self.cluster.addrs.node(n));
+        curl(&["-sf", "--max-time", "5", &url])
+            .unwrap_or_else(|e| panic!("GET {url}: {e}\n{}", self.release.describe()))
+    }
+}
+
+/// `curl ARGS` from the test's network namespace: its stdout, or why it failed.
+fn curl(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("curl").args(args).output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "curl {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// An image of busybox (an applet per symlink) in one layer and `/data/big` in a
+/// second, as an OCI layout under `work`, tagged [`oci::TAG`].
+fn busybox_data_layout(work: &Path, big: Vec<u8>) -> std::path::PathBuf {
+    let tree = work.join("busybox-tree");
+    let bin = tree.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(oci::which("busybox").unwrap(), bin.join("busybox")).unwrap();
+    for applet in APPLETS {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    let data = work.join("data-tree");
+    std::fs::create_dir_all(data.join("data")).unwrap();
+    std::fs::write(data.join("data/big"), big).unwrap();
+    let layout = work.join("layout");
+    oci::build_dirs_image(
+        &layout,
+        "amd64",
+        &[&tree, &data],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    layout
+}
+
+/// The end of every test: no container of the release panicked; the release is
+/// uninstalled, the cluster dropped, and the machine holds nothing of either.
+fn finish(swarm: Swarm) {
+    let Swarm {
+        cluster,
+        release,
+        proxy,
+        _registry,
+        _work,
+        ..
+    } = swarm;
+    release.assert_no_panics();
+    let footprint = cluster.footprint();
+    drop(release);
+    drop(cluster);
+    drop(proxy);
+    footprint.assert_clean();
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1 << 20) as f64
+}
+
+/// (b) The same converted image on two nodes: node 1's pod reads the big file from
+/// the registry; node 2's reads it from node 1's agent, the registry sending next to
+/// nothing.
+#[test]
+fn second_node_reads_the_image_from_the_first_nodes_agent() {
+    let swarm = Swarm::start(1, "");
+
+    let before = swarm.proxy.blob_bytes();
+    let began = Instant::now();
+    swarm.run_reader("reader-1", "node-1");
+    swarm.wait_reader("reader-1");
+    let first = swarm.proxy.blob_bytes() - before;
+    let first_took = began.elapsed();
+
+    let before = swarm.proxy.blob_bytes();
+    let began = Instant::now();
+    swarm.run_reader("reader-2", "node-2");
+    swarm.wait_reader("reader-2");
+    let second = swarm.proxy.blob_bytes() - before;
+    let second_took = began.elapsed();
+
+    let peer2 = swarm.agent_bytes(2, "peer");
+    let origin2 = swarm.agent_bytes(2, "origin");
+    let origin1 = swarm.agent_bytes(1, "origin");
+    eprintln!(
+        "node 1: {first_took:.1?}, registry sent {:.2} MiB (agent: {:.2} MiB from origin); \
+         node 2: {second_took:.1?}, registry sent {:.2} MiB, agent: {:.2} MiB from peers, \
+         {:.2} MiB from origin",
+        mib(first as f64),
+        mib(origin1),
+        mib(second as f64),
+        mib(peer2),
+        mib(origin2)
+    );
+    assert!(
+        first >= BIG as u64,
+        "node 1's start fetched only {first} bytes from the registry for a {BIG}-byte file"
+    );
+    assert!(
+        second < first / 10,
+        "node 2's start fetched {second} bytes from the registry (node 1's: {first}): \
+         not from node 1's agent\n{}",
+        swarm.release.describe()
+    );
+    assert!(
+        peer2 >= BIG as f64 * 0.9,
+        "node 2's agent fetched {peer2} bytes from peers for a {BIG}-byte file:\n{}",
+        swarm.agent_metrics(2)
+    );
+    finish(swarm);
+}
