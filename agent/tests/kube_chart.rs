@@ -347,3 +347,204 @@ fn indexed_and_ordinary_images_start_through_the_chart() {
     );
     finish(cluster, release);
 }
+
+/// The mount points under `dir` in `node`'s mount namespace (its mount table's fifth
+/// field), for what an uninstall leaves.
+fn node_mounts_under(node: &support::kube::Node, dir: &std::path::Path) -> Vec<String> {
+    let out = node
+        .command("cat")
+        .arg("/proc/self/mountinfo")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| std::path::Path::new(p).starts_with(dir))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// (i) `helm uninstall`, then the node steps of docs/operations.md ("Uninstall" and
+/// the snapshotter's), leave the node as that page says: the cache, the hosts files
+/// and empty directories stay; no mount, no process of Tessera's; containerd's config
+/// back to what it was.
+#[test]
+fn uninstall_leaves_the_node_as_operations_md_says() {
+    require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("tkch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start();
+    let busybox = std::fs::read(oci::which("busybox").unwrap()).unwrap();
+    let layout = t.path().join("layout");
+    build_files_image_with(
+        &layout,
+        "amd64",
+        &[vec![
+            ("bin/sh", busybox),
+            ("data/hello", format!("{HELLO}\n").into_bytes()),
+            ("data/big", pseudo_random(4 << 20, 49)),
+        ]],
+        &["bin/sh"],
+        serde_json::json!({"Cmd": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, "src/app");
+    let home = t.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    support::convert(
+        &home,
+        &format!("{}/src/app:v1", registry.addr),
+        &format!("{}/lazy/app:v1", registry.addr),
+        &[],
+    );
+    let image = format!("{}/lazy/app:v1", registry.addr);
+
+    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&registry.addr));
+    let paths = NodePaths::of(&cluster);
+    let node_config = cluster.nodes()[0].host_path(&paths.containerd_config);
+    let original_config = std::fs::read_to_string(&node_config).unwrap();
+    let values = format!(
+        "{SNAPSHOTTER_VALUES}  configureMirror: true\n  registries:\n    - {addr}\n  insecure:\n    - {addr}\n",
+        addr = registry.addr
+    );
+    let mut release = Release::install(&cluster, "tessera", &paths, &values);
+    let node_name = cluster.nodes()[0].name.clone();
+    release.agent_pod_on(&node_name);
+    cluster.node_mut(0).restart_containerd();
+    release.agent_pod_on(&node_name);
+    cluster.kubectl_apply(&app_pod("app", &image, None));
+    wait_pod(
+        &cluster,
+        &release,
+        "app",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+    cluster.kubectl_ok(&["delete", "pod", "app", "--wait=true"]);
+    release.assert_no_panics();
+
+    let began = Instant::now();
+    release.uninstall();
+    eprintln!("helm uninstall: every pod gone in {:.1?}", began.elapsed());
+    let left = cluster.kubectl_ok(&[
+        "-n",
+        "tessera-system",
+        "get",
+        "all,configmaps,secrets",
+        "-o",
+        "name",
+    ]);
+    let ours: Vec<&str> = left
+        .lines()
+        .filter(|l| !l.contains("kube-root-ca.crt"))
+        .collect();
+    assert!(ours.is_empty(), "helm uninstall left {ours:?}");
+
+    // The node steps, as an operator runs them with the agent image's binary.
+    let node = &cluster.nodes()[0];
+    let root = &paths.root;
+    let snapshotter_root = root.join("var/lib/tessera/snapshotter");
+    let tessera = env!("CARGO_BIN_EXE_tessera");
+    let clean = node
+        .command(tessera)
+        .args(["snapshotter", "clean", "--json", "--remove", "--root"])
+        .arg(&snapshotter_root)
+        .arg("--socket")
+        .arg(root.join("run/tessera/snapshotter.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        clean.status.success(),
+        "tessera snapshotter clean: {}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+    let undo = node
+        .command(tessera)
+        .args(["containerd-config", "--undo", "--snapshotter-socket"])
+        .arg(root.join("run/tessera/snapshotter.sock"))
+        .arg("--containerd-config")
+        .arg(&paths.containerd_config)
+        .output()
+        .unwrap();
+    assert!(
+        undo.status.success(),
+        "tessera containerd-config --undo: {}",
+        String::from_utf8_lossy(&undo.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&node_config).unwrap(),
+        original_config,
+        "containerd's config is not what it was before the chart"
+    );
+    cluster.node_mut(0).restart_containerd();
+    let node = &cluster.nodes()[0];
+
+    // What stays, as the table says: the cache, empty mount and socket directories,
+    // the hosts files (still working: the registry is their fallback); nothing
+    // mounted under the host root, no Tessera process on the node.
+    let mounts = node_mounts_under(node, root);
+    assert!(
+        mounts.iter().all(|m| !m.contains("tessera")),
+        "mounts left under {}: {mounts:#?}",
+        root.display()
+    );
+    assert!(
+        !node.host_path(&snapshotter_root).exists(),
+        "--remove kept the snapshotter root"
+    );
+    let cache = node.host_path(root.join("var/lib/tessera/cache"));
+    assert!(cache.is_dir(), "the cache is gone: {}", cache.display());
+    let hosts = node.host_path(paths.certs_dir.join(&registry.addr).join("hosts.toml"));
+    let text = std::fs::read_to_string(&hosts).unwrap();
+    assert!(
+        text.starts_with("# Written by"),
+        "{}: {text}",
+        hosts.display()
+    );
+    let procs = tessera_processes_of(node);
+    assert!(
+        procs.is_empty(),
+        "Tessera processes left on the node: {procs:#?}"
+    );
+    // And the node still pulls the image through its hosts file's fallback.
+    cluster.kubectl_apply(&app_pod(
+        "after",
+        &format!("{}/src/app:v1", registry.addr),
+        None,
+    ));
+    wait_pod(
+        &cluster,
+        &release,
+        "after",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+    let footprint = cluster.footprint();
+    drop(release);
+    drop(cluster);
+    footprint.assert_clean();
+}
+
+/// The command lines of Tessera's processes in `node`'s mount namespace.
+fn tessera_processes_of(node: &support::kube::Node) -> Vec<String> {
+    let ns_of = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let out = node
+        .command("readlink")
+        .arg("/proc/self/ns/mnt")
+        .output()
+        .unwrap();
+    let node_ns = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|pid| ns_of(pid).as_ref() == Some(&node_ns))
+        .filter_map(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("/usr/local/bin/tessera") || c.contains("fuse-keeper"))
+        .collect()
+}

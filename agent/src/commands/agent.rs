@@ -536,7 +536,8 @@ pub struct FuseKeeperArgs {
     /// `<snapshotter root>/fuse-keeper.sock`).
     #[arg(long, value_name = "PATH")]
     socket: PathBuf,
-    /// Never exit, even holding nothing (run as a container of its own).
+    /// Never exit, even holding nothing (run as a container of its own); exit on
+    /// SIGTERM (its pod is being deleted).
     #[arg(long)]
     stay: bool,
 }
@@ -633,6 +634,32 @@ pub fn snapshotter(command: SnapshotterCommand) -> Result<()> {
 }
 
 pub fn fuse_keeper(args: FuseKeeperArgs) -> Result<()> {
+    if args.stay {
+        exit_on_sigterm()?;
+    }
     tessera_agent::fs::handover::run_keeper(&args.socket, args.stay)
         .with_context(|| format!("FUSE keeper on {}", args.socket.display()))
+}
+
+/// A keeper that stays (a container of its own in the agent's pod) is told SIGTERM
+/// only when its pod is being deleted: an uninstall, a rollout, a drain. No agent of
+/// this pod can take its connections over any more, so it exits at once. As PID 1 of
+/// its container it would otherwise ignore the signal, and every deletion of an
+/// agent's pod would wait out the pod's whole grace period before the SIGKILL.
+fn exit_on_sigterm() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .context("start the FUSE keeper's signal thread")?;
+    let mut term = runtime
+        .block_on(async {
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        })
+        .context("watch SIGTERM")?;
+    std::thread::spawn(move || {
+        runtime.block_on(term.recv());
+        tracing::info!("FUSE keeper: SIGTERM, its pod is going; letting go of every connection");
+        std::process::exit(0);
+    });
+    Ok(())
 }

@@ -263,6 +263,30 @@ impl Release {
             "--wait".into(),
         ]);
         self.installed = false;
+        // helm waits for its own objects; their pods go after, through the garbage
+        // collector and each pod's grace period.
+        let deadline = Instant::now() + READY;
+        loop {
+            let pods = self.kubectl(&[
+                "-n",
+                NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/instance={}", self.name),
+                "-o",
+                "name",
+            ]);
+            if pods.status.success() && pods.stdout.iter().all(u8::is_ascii_whitespace) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the release's pods outlived helm uninstall:\n{}",
+                String::from_utf8_lossy(&pods.stdout)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// The release's pods, their states and recent events, for failure messages.
