@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use support::chart::{NodePaths, Release};
+use support::chart::{NodePaths, Release, NAMESPACE};
 use support::fault_proxy::FaultProxy;
 use support::kube::KubeCluster;
 use support::kube::KubeOptions;
@@ -214,6 +214,92 @@ spec:
         curl(&["-sf", "--max-time", "5", &url])
             .unwrap_or_else(|e| panic!("GET {url}: {e}\n{}", self.release.describe()))
     }
+
+    /// The chart's admin token, from its Secret.
+    fn admin_token(&self) -> String {
+        let b64 = self.cluster.kubectl_ok(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "secret",
+            "tessera-admin-tokens",
+            "-o",
+            "jsonpath={.data.admin-token}",
+        ]);
+        let out = Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(b64.trim().as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(out.status.success(), "base64 -d of {b64:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// Waits until `n` scheduler replicas are Ready, and returns them.
+    fn wait_replicas(&self, n: usize, within: Duration) -> Vec<(String, String)> {
+        let deadline = Instant::now() + within;
+        loop {
+            let ready = self.scheduler_pods();
+            if ready.len() == n {
+                return ready;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} scheduler replicas Ready after {within:?}:\n{}\n{}",
+                ready.len(),
+                self.release.describe(),
+                self.cluster.logs_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The scheduler's replicas: (pod name, pod IP) of each Ready one.
+    fn scheduler_pods(&self) -> Vec<(String, String)> {
+        let out = self.cluster.kubectl_ok(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/component=scheduler",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.podIP} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+        ]);
+        out.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 3 && f[2] == "True").then(|| (f[0].to_owned(), f[1].to_owned()))
+            })
+            .collect()
+    }
+
+    /// `METHOD /api/v1/PATH` on the scheduler replica at `ip` with `token`, and its JSON.
+    fn admin(
+        &self,
+        ip: &str,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> serde_json::Value {
+        let url = format!("http://{ip}:7090/api/v1/{path}");
+        let auth = format!("Authorization: Bearer {token}");
+        let mut args = vec!["-sS", "--max-time", "10", "-X", method, "-H", &auth];
+        if let Some(body) = body {
+            args.extend(["-H", "Content-Type: application/json", "--data", body]);
+        }
+        args.push(&url);
+        let text = curl(&args).unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{method} {url} answered {text:?}: {e}"))
+    }
 }
 
 /// `curl ARGS` from the test's network namespace: its stdout, or why it failed.
@@ -324,6 +410,103 @@ fn second_node_reads_the_image_from_the_first_nodes_agent() {
         peer2 >= BIG as f64 * 0.9,
         "node 2's agent fetched {peer2} bytes from peers for a {BIG}-byte file:\n{}",
         swarm.agent_metrics(2)
+    );
+    finish(swarm);
+}
+
+/// (g) Preheat through the scheduler's admin API (its pod's IP, the chart's admin
+/// token): both nodes fetch the image before any pod uses it; the pods then start and
+/// read the big file with (almost) nothing from the registry.
+#[test]
+fn a_preheated_image_starts_with_almost_nothing_from_the_registry() {
+    let swarm = Swarm::start(1, "");
+    let token = swarm.admin_token();
+    let replicas = swarm.wait_replicas(1, Duration::from_secs(60));
+    let ip = &replicas[0].1;
+
+    // Both agents registered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let hosts = swarm.admin(ip, &token, "GET", "hosts", None);
+        if hosts.as_array().is_some_and(|h| h.len() == 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not both agents registered: {hosts:#}\n{}",
+            swarm.release.describe()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    let before = swarm.proxy.blob_bytes();
+    let began = Instant::now();
+    let body = serde_json::json!({"image": swarm.image, "timeout_secs": 120}).to_string();
+    let job = swarm.admin(ip, &token, "POST", "preheat", Some(&body));
+    let id = job["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no job id in {job:#}"))
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let job = loop {
+        let job = swarm.admin(ip, &token, "GET", &format!("preheat/{id}"), None);
+        if matches!(job["state"].as_str(), Some("succeeded" | "failed")) {
+            break job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "preheat {id} not done: {job:#}\n{}",
+            swarm.release.describe()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let preheat = swarm.proxy.blob_bytes() - before;
+    let preheat_took = began.elapsed();
+    assert_eq!(
+        job["state"],
+        "succeeded",
+        "{job:#}\n{}",
+        swarm.release.describe()
+    );
+    assert_eq!(job["hosts"].as_object().unwrap().len(), 2, "{job:#}");
+    for (host, part) in job["hosts"].as_object().unwrap() {
+        assert_eq!(part["chunks_done"], part["chunks_total"], "{host}: {part}");
+    }
+
+    let fetched = |n| swarm.agent_bytes(n, "origin") + swarm.agent_bytes(n, "peer");
+    let agents_before = [fetched(1), fetched(2)];
+    let before = swarm.proxy.blob_bytes();
+    let began = Instant::now();
+    for n in 1..=2 {
+        swarm.run_reader(&format!("reader-{n}"), &format!("node-{n}"));
+    }
+    for n in 1..=2 {
+        swarm.wait_reader(&format!("reader-{n}"));
+    }
+    let start = swarm.proxy.blob_bytes() - before;
+    let agents = [fetched(1) - agents_before[0], fetched(2) - agents_before[1]];
+    eprintln!(
+        "preheat of both nodes: {preheat_took:.1?}, registry sent {:.2} MiB; then both pods \
+         read the big file in {:.1?}: registry sent {:.3} MiB, agents fetched {:.3} + {:.3} \
+         MiB from origin and peers",
+        mib(preheat as f64),
+        began.elapsed(),
+        mib(start as f64),
+        mib(agents[0]),
+        mib(agents[1])
+    );
+    assert!(
+        preheat >= BIG as u64,
+        "the preheat fetched only {preheat} bytes from the registry for a {BIG}-byte file"
+    );
+    assert!(
+        start < 1 << 20,
+        "the preheated pods' starts fetched {start} bytes from the registry\n{}",
+        swarm.release.describe()
+    );
+    assert!(
+        agents.iter().all(|&a| a < (1 << 20) as f64),
+        "the agents fetched {agents:?} bytes from origin and peers after the preheat"
     );
     finish(swarm);
 }
