@@ -548,3 +548,238 @@ fn tessera_processes_of(node: &support::kube::Node) -> Vec<String> {
         .filter(|c| c.contains("/usr/local/bin/tessera") || c.contains("fuse-keeper"))
         .collect()
 }
+
+/// A busybox image whose `/data/big` is `big` pseudo-random bytes (seed `seed`), with
+/// the applets the tests run, pushed to `registry` as `repo:v1`.
+fn push_reader_image(
+    registry: &Registry,
+    work: &std::path::Path,
+    repo: &str,
+    big: usize,
+    seed: u64,
+) {
+    let tree = work.join(format!("{}-tree", repo.replace('/', "-")));
+    let bin = tree.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(oci::which("busybox").unwrap(), bin.join("busybox")).unwrap();
+    for applet in ["sh", "sleep", "sha256sum", "cat", "echo"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+    }
+    let data = tree.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("hello"), format!("{HELLO}\n")).unwrap();
+    std::fs::write(data.join("big"), pseudo_random(big, seed)).unwrap();
+    let layout = work.join(format!("{}-layout", repo.replace('/', "-")));
+    oci::build_dirs_image(
+        &layout,
+        "amd64",
+        &[&tree],
+        serde_json::json!({"Entrypoint": ["/bin/sh"], "Env": ["PATH=/bin"]}),
+    );
+    registry.push_layout(&layout, oci::TAG, repo);
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The pids of `tessera agent` processes on node 1 of `cluster`: in its cgroup root
+/// (the containers have mount namespaces of their own).
+fn agent_pids(cluster: &KubeCluster) -> Vec<u32> {
+    let node_cgroup = format!("/tsk{}-1/", cluster.addrs.slot);
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .is_ok_and(|c| c.contains(&node_cgroup))
+        })
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/usr/local/bin/tessera\0agent\0"))
+        })
+        .collect()
+}
+
+/// (e) The agent killed with SIGKILL while a pod reads a file of its lazily mounted
+/// image: the DaemonSet's kubelet restarts it, the FUSE keeper held the mount's
+/// connection, the read completes with the right bytes, the pod never restarts, and
+/// every mount on the node still answers.
+///
+/// Not passing yet, so not run: with `containerd.configureSnapshotter` the Tessera
+/// snapshotter is containerd's default, so recreating the killed agent's own container
+/// needs a snapshot from the agent that is down ("failed to prepare extraction
+/// snapshot … connection error": CreateContainerError, and the agent never comes
+/// back). The read itself went on across the kill. docs/compatibility.md says what is
+/// planned (the agent's pod on a runtime handler with containerd's own snapshotter).
+#[test]
+#[ignore = "the agent's own container cannot be recreated while it is down (docs/compatibility.md)"]
+fn a_pods_read_survives_the_agent_killed_mid_read() {
+    require_tool("busybox");
+    let t = tempfile::Builder::new()
+        .prefix("tkch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let registry = Registry::start();
+    let proxy = FaultProxy::start(&registry.addr);
+    let big = 24 << 20;
+    push_reader_image(&registry, t.path(), "src/reader", big, 50);
+    let expected = sha256_hex(&pseudo_random(big, 50));
+    let home = t.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    support::convert(
+        &home,
+        &format!("{}/src/reader:v1", registry.addr),
+        &format!("{}/lazy/reader:v1", registry.addr),
+        &[],
+    );
+    let image = format!("{}/lazy/reader:v1", proxy.addr);
+
+    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&proxy.addr));
+    let paths = NodePaths::of(&cluster);
+    // No CRI proxy (the image is public) and no mirror: only the snapshotter.
+    let values = "agent:\n  snapshotter:\n    enabled: true\n  mirror:\n    enabled: false\n\
+                  containerd:\n  configureSnapshotter: true\n";
+    let release = Release::install(&cluster, "tessera", &paths, values);
+    let node_name = cluster.nodes()[0].name.clone();
+    release.agent_pod_on(&node_name);
+    cluster.node_mut(0).restart_containerd();
+    release.agent_pod_on(&node_name);
+    cluster.kubectl_apply(&app_pod("reader", &image, None));
+    wait_pod(
+        &cluster,
+        &release,
+        "reader",
+        Duration::from_secs(90),
+        "Ready",
+        is_ready,
+    );
+
+    // The registry slowed to 4 MiB/s: the whole file takes seconds to arrive, so the
+    // agent dies in the middle of it.
+    proxy.inject(
+        support::fault_proxy::Rule::new(support::fault_proxy::Fault::SlowBody {
+            bytes_per_sec: 4 << 20,
+        })
+        .path("/blobs/")
+        .times(u32::MAX),
+    );
+    let mut read = release.kubectl_command(&[
+        "exec",
+        "-n",
+        "default",
+        "reader",
+        "--",
+        "sha256sum",
+        "/data/big",
+    ]);
+    let reader = read
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let restarts_of = |pod: &str| {
+        cluster
+            .kubectl_ok(&[
+                "-n",
+                "tessera-system",
+                "get",
+                "pod",
+                pod,
+                "-o",
+                "jsonpath={.status.containerStatuses[?(@.name==\"agent\")].restartCount}",
+            ])
+            .trim()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let agent_pod = release.agent_pod_on(&node_name);
+    let restarts_before = restarts_of(&agent_pod);
+    let pids = agent_pids(&cluster);
+    assert_eq!(pids.len(), 1, "one agent on the node: {pids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pids[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = reader.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The read either went on across the restart, or failed (EIO) and reads again.
+    if !stdout.starts_with(&expected) {
+        eprintln!(
+            "the read across the kill failed ({}); reading again",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let again = cluster.kubectl_ok(&["exec", "reader", "--", "sha256sum", "/data/big"]);
+        assert!(
+            again.starts_with(&expected),
+            "read again: {again} (expected {expected})"
+        );
+    } else {
+        eprintln!("the read went on across the agent's SIGKILL");
+    }
+    proxy.clear();
+
+    // The agent came back (restarted in place), the reader never restarted.
+    assert_eq!(
+        release.agent_pod_on(&node_name),
+        agent_pod,
+        "the agent's pod was replaced, not its container restarted"
+    );
+    // The kubelet reports the restart a moment after it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while restarts_of(&agent_pod) == restarts_before {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's restart count stayed {restarts_before}:\n{}",
+            release.describe()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        restarts_of(&agent_pod),
+        restarts_before + 1,
+        "the agent container restarted once for the kill"
+    );
+    let reader_restarts = cluster.kubectl_ok(&[
+        "get",
+        "pod",
+        "reader",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].restartCount}",
+    ]);
+    assert_eq!(reader_restarts.trim(), "0", "the reader restarted");
+    // No stale mount: every FUSE mount under the host root answers.
+    let node = &cluster.nodes()[0];
+    let table = node
+        .command("cat")
+        .arg("/proc/self/mountinfo")
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&table.stdout).lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let fstype = fields
+            .iter()
+            .skip_while(|f| **f != "-")
+            .nth(1)
+            .copied()
+            .unwrap_or("");
+        let mountpoint = fields.get(4).copied().unwrap_or("");
+        if fstype.starts_with("fuse") && std::path::Path::new(mountpoint).starts_with(&paths.root) {
+            let stat = node.command("stat").arg(mountpoint).output().unwrap();
+            assert!(
+                stat.status.success(),
+                "stale mount {mountpoint}: {}",
+                String::from_utf8_lossy(&stat.stderr)
+            );
+        }
+    }
+    cluster.kubectl_ok(&["delete", "pod", "reader", "--wait=true"]);
+    finish(cluster, release);
+}

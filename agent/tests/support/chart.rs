@@ -214,11 +214,16 @@ impl Release {
 
     /// `kubectl ARGS` as the cluster's admin, whatever its outcome.
     pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_command(args).output().expect("run kubectl")
+    }
+
+    /// The `kubectl ARGS` command as the cluster's admin, to run as the test likes.
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(kube_bin("kubectl"));
         c.arg(format!("--kubeconfig={}", s(&self.kubeconfig)))
             .args(args)
             .stdin(Stdio::null());
-        c.output().expect("run kubectl")
+        c
     }
 
     /// `helm ARGS` against the cluster, whatever its outcome.
