@@ -1899,11 +1899,35 @@ impl Node {
     /// again with the same config file (re-read: the chart's init container edits it),
     /// and waits until it answers. Running containers live on: their shims are not
     /// containerd's children, and the new containerd reconnects to them.
+    ///
+    /// The kubelet is paused (SIGSTOP) from before containerd stops until its CRI
+    /// answers again for the node's sandboxes: a kubelet that asks a containerd still
+    /// recovering them may find a sandbox not ready and re-create it, and with the
+    /// Tessera snapshotter as containerd's default the agent's re-created pod then
+    /// needs the agent's own snapshotter to start (docs/compatibility.md). On a real
+    /// node that race exists; the tests pin the order to test one thing at a time.
     pub fn restart_containerd(&mut self) {
+        let kubelet = self.kubelet.as_ref().map(|k| k.child.id().to_string());
+        let signal = |sig: &str| {
+            if let Some(pid) = &kubelet {
+                let _ = Command::new("kill").args([sig, pid]).status();
+            }
+        };
+        signal("-STOP");
         if let Some(mut d) = self.containerd.take() {
             d.stop(Duration::from_secs(30));
         }
         self.start_containerd();
+        // The CRI plugin lists the recovered sandboxes once it has loaded them.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.ctr(&["containers", "ls", "-q"]).status.success() {
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        signal("-CONT");
     }
 
     /// containerd 2 (config version 3) as a node runs it: its root and state under the
