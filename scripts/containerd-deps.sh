@@ -22,10 +22,16 @@ BIN=$(mkdir -p "$OUT/bin" && cd "$OUT/bin" && pwd)
 GO=$(command -v go || echo /usr/local/go/bin/go)
 [ -x "$GO" ] || { echo "containerd-deps: Go is needed (go on PATH or /usr/local/go/bin/go)" >&2; exit 1; }
 
+# The versions the binaries report, read whole (not piped into `grep -q`, which exits
+# at its first match: the writer's SIGPIPE would fail the pipeline under pipefail).
 have() {
   [ -x "$BIN/containerd" ] && [ -x "$BIN/ctr" ] && [ -x "$BIN/containerd-shim-runc-v2" ] &&
-    "$BIN/containerd" --version 2>/dev/null | grep -q " $CONTAINERD_VERSION " &&
-    "$BIN/runc" --version 2>/dev/null | grep -qx "runc version ${RUNC_VERSION#v}"
+    [ -x "$BIN/runc" ] || return 1
+  local containerd runc
+  containerd=$("$BIN/containerd" --version 2>/dev/null) || return 1
+  runc=$("$BIN/runc" --version 2>/dev/null) || return 1
+  [[ "$containerd" == *" $CONTAINERD_VERSION "* ]] &&
+    [[ $'\n'"$runc"$'\n' == *$'\n'"runc version ${RUNC_VERSION#v}"$'\n'* ]]
 }
 have && exit 0
 
