@@ -239,7 +239,8 @@ const PROXY_VARS: [&str; 8] = [
     "all_proxy",
 ];
 
-/// One cluster at a time per process: sysctls are recorded as the machine's.
+/// One cluster at a time per process: sysctls are recorded as the machine's, and a
+/// [`Footprint`] is checked with no cluster up.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A Kubernetes binary from `make kubernetes-deps`, checked to be there.
@@ -619,6 +620,9 @@ impl Footprint {
 
     /// Panics naming everything of the cluster still on the machine.
     pub fn assert_clean(&self) {
+        // Not while another test's cluster of this process is up: it would reuse this
+        // one's slot, interface names included, the moment this one was dropped.
+        let _no_cluster_up = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         let mut left = Vec::new();
         if self.dir.exists() {
             left.push(format!("temp dir {} still exists", self.dir.display()));
