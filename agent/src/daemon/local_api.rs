@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use tessera_proto::listen::Gate;
 use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, WriteHalf,
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf,
+    WriteHalf,
 };
 use tokio::net::{TcpListener, UnixListener};
 
@@ -71,8 +72,8 @@ pub async fn serve_unix(agent: Arc<Agent>, listener: UnixListener, gate: Gate) {
                 };
                 waiting.remove(at);
             }
-            if let Some((line, write)) = request {
-                answer(&agent, &line, write, Transport::Unix).await;
+            if let Some((line, rest, write)) = request {
+                answer_then_drain(&agent, &line, rest, write, Transport::Unix).await;
             }
         });
         waiting_now.push_back((id, task));
@@ -116,33 +117,61 @@ pub async fn serve_connection(
     stream: impl AsyncRead + AsyncWrite + Unpin,
     transport: Transport,
 ) {
-    if let Some((line, write)) = read_request(&agent, stream).await {
-        answer(&agent, &line, write, transport).await;
+    if let Some((line, rest, write)) = read_request(&agent, stream).await {
+        answer_then_drain(&agent, &line, rest, write, transport).await;
     }
 }
 
-/// The connection's request line (up to [`MAX_REQUEST`] bytes) and its write half;
-/// `None` when the client sent none within the local API's request timeout.
+/// [`answer`]s, then, for a request refused unread, reads and drops what the client
+/// still sends, for a moment, before the socket closes: closed with unread bytes it
+/// would be reset, and a client still writing could lose the answer that says what
+/// was wrong.
+async fn answer_then_drain<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    agent: &Arc<Agent>,
+    line: &Result<String, String>,
+    rest: R,
+    write: W,
+    transport: Transport,
+) {
+    answer(agent, line, write, transport).await;
+    if line.is_err() {
+        let mut rest = rest.take(DRAIN_AFTER_REFUSAL);
+        let mut sink = tokio::io::sink();
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, tokio::io::copy(&mut rest, &mut sink)).await;
+    }
+}
+
+/// At most this much of a refused request is read and dropped after the answer.
+const DRAIN_AFTER_REFUSAL: u64 = 64 << 20;
+/// For at most this long.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The connection's request line (up to [`MAX_REQUEST`] bytes), the rest of its read
+/// half and its write half; `None` when the client sent none within the local API's
+/// request timeout.
 async fn read_request<S: AsyncRead + AsyncWrite + Unpin>(
     agent: &Agent,
     stream: S,
-) -> Option<(Result<String, String>, WriteHalf<S>)> {
+) -> Option<(Result<String, String>, BufReader<ReadHalf<S>>, WriteHalf<S>)> {
     let (read, write) = tokio::io::split(stream);
     let mut line = String::new();
     let mut reader = BufReader::new(read).take(MAX_REQUEST);
     // A client that does not send its request in time holds nothing for long.
     let wait = agent.connections().api_request();
-    match tokio::time::timeout(wait, reader.read_line(&mut line)).await {
+    let read = tokio::time::timeout(wait, reader.read_line(&mut line)).await;
+    let rest = reader.into_inner();
+    match read {
         Err(_) => None,
-        Ok(Err(e)) => Some((Err(format!("read request: {e}")), write)),
+        Ok(Err(e)) => Some((Err(format!("read request: {e}")), rest, write)),
         Ok(Ok(_)) if line.len() as u64 >= MAX_REQUEST && !line.ends_with('\n') => Some((
             Err(format!(
                 "the request is larger than the {} MiB the local API reads",
                 MAX_REQUEST >> 20
             )),
+            rest,
             write,
         )),
-        Ok(Ok(_)) => Some((Ok(line), write)),
+        Ok(Ok(_)) => Some((Ok(line), rest, write)),
     }
 }
 
