@@ -79,8 +79,9 @@ const CTR_TIMEOUT: &str = "120s";
 /// A unix socket path must fit `sun_path` (108 bytes, with its NUL).
 const MAX_SOCKET_PATH: usize = 100;
 
-/// Environment variables `ctr` would take a proxy from.
-const PROXY_VARS: [&str; 8] = [
+/// Environment variables that would send `ctr`'s and the cluster daemons' HTTP through a
+/// proxy of this machine instead of to test addresses.
+pub const PROXY_VARS: [&str; 8] = [
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "NO_PROXY",

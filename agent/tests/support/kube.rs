@@ -147,7 +147,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::containerd::Line;
+use super::containerd::{Line, PROXY_VARS};
 use super::oci::{self, require_tool, run};
 
 /// The Kubernetes release `make kubernetes-deps` builds.
@@ -224,19 +224,6 @@ const SYSCTLS: [&str; 7] = [
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
     "net/ipv4/ip_forward",
-];
-
-/// Environment variables that would send the daemons' HTTP through a proxy of this
-/// machine instead of to cluster addresses.
-const PROXY_VARS: [&str; 8] = [
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
 ];
 
 /// One cluster at a time per process: sysctls are recorded as the machine's, and a
