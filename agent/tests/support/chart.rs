@@ -350,6 +350,17 @@ impl Release {
         }
     }
 
+    /// What an operator does once per node after installing with
+    /// `containerd.configureSnapshotter` (docs/operations.md): waits for the chart to
+    /// have configured node `index`'s containerd, restarts containerd for it, and
+    /// returns the node's agent pod once it is Ready.
+    pub fn configure_node(&self, cluster: &mut KubeCluster, index: usize) -> String {
+        let node = cluster.nodes()[index].name.clone();
+        self.agent_pod_on(&node);
+        cluster.node_mut(index).restart_containerd();
+        self.agent_pod_on(&node)
+    }
+
     /// The agent pod on `node` (its name), once it is Ready.
     pub fn agent_pod_on(&self, node: &str) -> String {
         let deadline = Instant::now() + READY;

@@ -230,6 +230,44 @@ const SYSCTLS: [&str; 7] = [
 /// [`Footprint`] is checked with no cluster up.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// One cluster at a time on the machine, across test processes: the clusters' nodes
+/// share host ports and the machine's sysctls, and each [`Footprint`] would count
+/// another process's cluster as left behind. Released when the holder exits.
+const MACHINE_LOCK: &str = "/run/lock/tessera-kube-tests.lock";
+
+/// The holder of [`MACHINE_LOCK`] (and of [`ONE_AT_A_TIME`]), waiting for it first.
+#[derive(Debug)]
+struct OneOnTheMachine {
+    _file: std::fs::File,
+    _in_process: MutexGuard<'static, ()>,
+}
+
+impl OneOnTheMachine {
+    fn take() -> OneOnTheMachine {
+        let in_process = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        std::fs::create_dir_all("/run/lock").expect("create /run/lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(MACHINE_LOCK)
+            .unwrap_or_else(|e| panic!("open {MACHINE_LOCK}: {e}"));
+        let began = Instant::now();
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .unwrap_or_else(|e| panic!("lock {MACHINE_LOCK}: {e}"));
+        if began.elapsed() > Duration::from_secs(1) {
+            eprintln!(
+                "waited {:.0?} for another test process's Kubernetes cluster to go",
+                began.elapsed()
+            );
+        }
+        OneOnTheMachine {
+            _file: file,
+            _in_process: in_process,
+        }
+    }
+}
+
 /// A Kubernetes binary from `make kubernetes-deps`, checked to be there.
 pub fn kube_bin(name: &str) -> PathBuf {
     let bin = super::repo_root()
@@ -609,7 +647,7 @@ impl Footprint {
     pub fn assert_clean(&self) {
         // Not while another test's cluster of this process is up: it would reuse this
         // one's slot, interface names included, the moment this one was dropped.
-        let _no_cluster_up = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let _no_cluster_up = OneOnTheMachine::take();
         let mut left = Vec::new();
         if self.dir.exists() {
             left.push(format!("temp dir {} still exists", self.dir.display()));
@@ -995,7 +1033,7 @@ pub struct KubeCluster {
     footprint: Footprint,
     /// Removed last, after everything under it is unmounted.
     temp: Option<tempfile::TempDir>,
-    _one_at_a_time: MutexGuard<'static, ()>,
+    _one_at_a_time: OneOnTheMachine,
 }
 
 impl KubeCluster {
@@ -1039,7 +1077,7 @@ impl KubeCluster {
         for tool in ["openssl", "ip", "tar", "gzip"] {
             require_tool(tool);
         }
-        let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = OneOnTheMachine::take();
         let began = Instant::now();
         let temp = tempfile::Builder::new()
             .prefix("tsk")
