@@ -30,6 +30,11 @@ pub struct ContainerdConfigArgs {
     /// first); restart containerd once after.
     #[arg(long, value_name = "PATH")]
     snapshotter_socket: Option<PathBuf>,
+    /// With `--snapshotter-socket`, the runtime handler added beside it: containerd's
+    /// default runtime on containerd's own snapshotter, for pods that must start while
+    /// the agent is down (the agent's own: the chart's RuntimeClass names it).
+    #[arg(long, default_value = containerd::NATIVE_RUNTIME, value_name = "NAME")]
+    native_runtime: String,
     /// containerd's config file (read to say whether `config_path` is set; written
     /// only with `--snapshotter-socket`).
     #[arg(
@@ -136,7 +141,7 @@ pub fn containerd_config(args: ContainerdConfigArgs) -> Result<()> {
         files.push(if args.undo {
             containerd::undo_snapshotter(&args.containerd_config)?
         } else {
-            containerd::apply_snapshotter(&args.containerd_config, socket)?
+            containerd::apply_snapshotter(&args.containerd_config, socket, &args.native_runtime)?
         });
     }
     let registry_section = containerd::config_version(&args.containerd_config)

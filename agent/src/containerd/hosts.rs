@@ -209,6 +209,18 @@ pub fn config_path_set(containerd_config: &Path, certs_dir: &Path) -> Option<boo
 /// The name containerd knows the snapshotter by (`--snapshotter tessera`).
 pub const SNAPSHOTTER: &str = "tessera";
 
+/// The runtime handler written beside the snapshotter: containerd's default runtime on
+/// containerd's own snapshotter. With the Tessera snapshotter the default, a container
+/// can only be created while the agent answers; pods that must start while it does
+/// not (the agent's own, after it died or during a rollout) run on this handler
+/// (a Kubernetes RuntimeClass naming it). containerd 1.7 and later honour a runtime's
+/// `snapshotter`; 1.6 ignores it.
+pub const NATIVE_RUNTIME: &str = "tessera-native";
+
+/// The snapshotter the native runtime uses when the file named none before Tessera's:
+/// containerd's default.
+const CONTAINERD_DEFAULT_SNAPSHOTTER: &str = "overlayfs";
+
 /// Where a config file's CRI image settings live: the `snapshotter` Kubernetes pulls
 /// and unpacks with, `disable_snapshot_annotations`, and the registry `config_path`.
 /// containerd 1.x reads version 2; containerd 2.x reads version 3 and converts a
@@ -227,6 +239,14 @@ impl ConfigVersion {
         match self {
             ConfigVersion::V2 => &["plugins", "io.containerd.grpc.v1.cri", "containerd"],
             ConfigVersion::V3 => &["plugins", "io.containerd.cri.v1.images"],
+        }
+    }
+
+    /// The table path of the CRI runtime settings (`default_runtime_name`, `runtimes`).
+    pub fn cri_runtime_table(self) -> &'static [&'static str] {
+        match self {
+            ConfigVersion::V2 => &["plugins", "io.containerd.grpc.v1.cri", "containerd"],
+            ConfigVersion::V3 => &["plugins", "io.containerd.cri.v1.runtime", "containerd"],
         }
     }
 
@@ -261,11 +281,13 @@ pub fn config_version(path: &Path) -> Option<ConfigVersion> {
 }
 
 /// `text` (containerd's `config.toml`, version 2 or 3) with the Tessera snapshotter:
-/// the proxy plugin `tessera` at `socket`, and the CRI image settings (where the
-/// file's version keeps them) using it with snapshot annotations on (the snapshotter
-/// needs the image and layer of each snapshot). Everything else, comments included,
-/// is kept. An empty file becomes version 2, which both containerd lines read.
-pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
+/// the proxy plugin `tessera` at `socket`, the CRI image settings (where the file's
+/// version keeps them) using it with snapshot annotations on (the snapshotter needs
+/// the image and layer of each snapshot), and the runtime handler `native_runtime`
+/// (see [`NATIVE_RUNTIME`]): a copy of the default runtime's settings on the
+/// snapshotter the file used before. Everything else, comments included, is kept. An
+/// empty file becomes version 2, which both containerd lines read.
+pub fn with_snapshotter(text: &str, socket: &Path, native_runtime: &str) -> Result<String> {
     use toml_edit::{value, DocumentMut, Item, Table};
     let bad = |reason: String| Error::Config {
         path: PathBuf::from("containerd config.toml"),
@@ -298,27 +320,83 @@ pub fn with_snapshotter(text: &str, socket: &Path) -> Result<String> {
     proxy.set_implicit(false);
     proxy["type"] = value("snapshot");
     proxy["address"] = value(socket.to_string_lossy().as_ref());
-    let mut cri = root;
+    let mut cri = &mut *root;
     for key in version.cri_images_table() {
         cri = table(cri, key)?;
     }
     cri.set_implicit(false);
+    let before = cri
+        .get("snapshotter")
+        .and_then(Item::as_str)
+        .filter(|s| *s != SNAPSHOTTER)
+        .unwrap_or(CONTAINERD_DEFAULT_SNAPSHOTTER)
+        .to_string();
     cri["snapshotter"] = value(SNAPSHOTTER);
     cri["disable_snapshot_annotations"] = value(false);
+
+    let mut runtime = &mut *doc.as_table_mut();
+    for key in version.cri_runtime_table() {
+        runtime = table(runtime, key)?;
+    }
+    // containerd's own default when the file names none.
+    let default = runtime
+        .get("default_runtime_name")
+        .and_then(Item::as_str)
+        .unwrap_or("runc")
+        .to_string();
+    let runtimes = table(runtime, "runtimes")?;
+    if native_runtime == default {
+        return Err(Error::Config {
+            path: PathBuf::from("containerd config.toml"),
+            reason: format!(
+                "the native runtime handler `{native_runtime}` is the default runtime: name another (`--native-runtime`)"
+            ),
+        });
+    }
+    // Written once: a later run keeps the handler (and the snapshotter it names) as is.
+    if !runtimes.contains_key(native_runtime) {
+        // The default runtime's settings (its type, cgroup driver, binary), so the
+        // agent's pod runs as every other pod of the node does.
+        let mut native = match runtimes.get(&default).and_then(Item::as_table) {
+            Some(t) => t.clone(),
+            None => {
+                let mut t = Table::new();
+                t["runtime_type"] = value("io.containerd.runc.v2");
+                t
+            }
+        };
+        native.set_implicit(false);
+        // Printed after the rest of the file, its sub-tables (`options`) with it.
+        native.set_position(usize::MAX);
+        for (_, sub) in native.iter_mut() {
+            if let Some(sub) = sub.as_table_mut() {
+                sub.set_position(usize::MAX);
+            }
+        }
+        if !native.contains_key("runtime_type") {
+            // containerd's own default for a runtime that names no type.
+            native["runtime_type"] = value("io.containerd.runc.v2");
+        }
+        native["snapshotter"] = value(before);
+        runtimes.insert(native_runtime, Item::Table(native));
+    }
     Ok(doc.to_string())
 }
 
 /// Configures containerd (its `config.toml` at `path`) for the snapshotter at
 /// `socket`; the first original is kept as `config.toml.tessera-backup`. containerd
 /// reads it at start: restart it once.
-pub fn apply_snapshotter(path: &Path, socket: &Path) -> Result<FileChange> {
+pub fn apply_snapshotter(path: &Path, socket: &Path, native_runtime: &str) -> Result<FileChange> {
     let (existing, text) = match std::fs::read_to_string(path) {
-        Ok(t) => (Some(t.clone()), with_snapshotter(&t, socket)?),
+        Ok(t) => (
+            Some(t.clone()),
+            with_snapshotter(&t, socket, native_runtime)?,
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
             None,
             format!(
                 "{MARKER}; `tessera containerd-config --undo` removes it.\n{}",
-                with_snapshotter("", socket)?
+                with_snapshotter("", socket, native_runtime)?
             ),
         ),
         Err(e) => return Err(Error::io("read", path, e)),
@@ -446,7 +524,9 @@ mod tests {
         std::fs::write(&conf, original).unwrap();
         let socket = Path::new("/run/tessera/snapshotter.sock");
         assert_eq!(
-            apply_snapshotter(&conf, socket).unwrap().change,
+            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+                .unwrap()
+                .change,
             Change::BackedUpAndWritten
         );
         let text = std::fs::read_to_string(&conf).unwrap();
@@ -471,17 +551,45 @@ mod tests {
             v["proxy_plugins"]["tessera"]["address"].as_str(),
             Some("/run/tessera/snapshotter.sock")
         );
+        // The native runtime: runc on the snapshotter the file used before.
+        let native = &cri["containerd"]["runtimes"][NATIVE_RUNTIME];
+        assert_eq!(native["snapshotter"].as_str(), Some("overlayfs"), "{text}");
         assert_eq!(
-            apply_snapshotter(&conf, socket).unwrap().change,
+            native["runtime_type"].as_str(),
+            Some("io.containerd.runc.v2")
+        );
+        assert_eq!(
+            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+                .unwrap()
+                .change,
             Change::Unchanged
         );
         assert_eq!(undo_snapshotter(&conf).unwrap().change, Change::Restored);
         assert_eq!(std::fs::read_to_string(&conf).unwrap(), original);
 
+        // Another snapshotter before Tessera's stays the native runtime's; a handler
+        // named like the default runtime is refused.
+        let zfs = original.replace("\"overlayfs\"", "\"zfs\"");
+        let text = with_snapshotter(&zfs, socket, NATIVE_RUNTIME).unwrap();
+        let v: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(
+            v["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][NATIVE_RUNTIME]
+                ["snapshotter"]
+                .as_str(),
+            Some("zfs"),
+            "{text}"
+        );
+        let err = with_snapshotter(original, socket, "runc")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is the default runtime"), "{err}");
+
         // No config yet: one is written, and undo removes it.
         let fresh = t.path().join("new/config.toml");
         assert_eq!(
-            apply_snapshotter(&fresh, socket).unwrap().change,
+            apply_snapshotter(&fresh, socket, NATIVE_RUNTIME)
+                .unwrap()
+                .change,
             Change::Written
         );
         let v: toml::Value = toml::from_str(&std::fs::read_to_string(&fresh).unwrap()).unwrap();
@@ -492,7 +600,9 @@ mod tests {
         // Version 1 configs are refused by name.
         let old = t.path().join("v1.toml");
         std::fs::write(&old, "[plugins.cri]\n").unwrap();
-        let err = apply_snapshotter(&old, socket).unwrap_err().to_string();
+        let err = apply_snapshotter(&old, socket, NATIVE_RUNTIME)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("version 1"), "{err}");
     }
 
@@ -507,7 +617,9 @@ mod tests {
         assert_eq!(config_version(&conf), Some(ConfigVersion::V3));
         let socket = Path::new("/run/tessera/snapshotter.sock");
         assert_eq!(
-            apply_snapshotter(&conf, socket).unwrap().change,
+            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+                .unwrap()
+                .change,
             Change::BackedUpAndWritten
         );
         let text = std::fs::read_to_string(&conf).unwrap();
@@ -529,6 +641,16 @@ mod tests {
                 .as_bool(),
             Some(true)
         );
+        // The native runtime copies the default's settings (its cgroup driver here),
+        // on containerd's own snapshotter.
+        let native =
+            &v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"][NATIVE_RUNTIME];
+        assert_eq!(native["snapshotter"].as_str(), Some("overlayfs"), "{text}");
+        assert_eq!(
+            native["runtime_type"].as_str(),
+            Some("io.containerd.runc.v2")
+        );
+        assert_eq!(native["options"]["SystemdCgroup"].as_bool(), Some(true));
         // Nothing written where containerd 1.x kept it: containerd 2 would take it
         // for a version 2 leftover.
         assert!(
@@ -540,7 +662,9 @@ mod tests {
             Some("/run/tessera/snapshotter.sock")
         );
         assert_eq!(
-            apply_snapshotter(&conf, socket).unwrap().change,
+            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+                .unwrap()
+                .change,
             Change::Unchanged
         );
         assert_eq!(
@@ -552,7 +676,9 @@ mod tests {
 
         // Versions this command does not know are refused by name.
         std::fs::write(&conf, "version = 4\n").unwrap();
-        let err = apply_snapshotter(&conf, socket).unwrap_err().to_string();
+        let err = apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("version 4 is not supported"), "{err}");
         assert!(err.contains("version 3"), "{err}");
     }
