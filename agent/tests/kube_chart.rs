@@ -151,17 +151,19 @@ fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
     let paths = NodePaths::of(&cluster);
     let release = Release::install(&cluster, "tessera", &paths, SNAPSHOTTER_VALUES);
     let node_name = cluster.nodes()[0].name.clone();
-    release.agent_pod_on(&node_name);
     // What an operator does once per node after installing (docs/operations.md):
-    // restart containerd for the snapshotter the init container configured, and point
-    // the kubelet's image service at the agent's CRI proxy.
+    // restart containerd for the snapshotter the init container configured (and the
+    // runtime handler the agent's pod waits for), and point the kubelet's image
+    // service at the agent's CRI proxy.
+    release.configure_node(&mut cluster, 0);
     let config =
         std::fs::read_to_string(cluster.nodes()[0].host_path(&paths.containerd_config)).unwrap();
     assert!(
-        config.contains("snapshotter = \"tessera\"") && config.contains("[proxy_plugins.tessera]"),
+        config.contains("snapshotter = \"tessera\"")
+            && config.contains("[proxy_plugins.tessera]")
+            && config.contains(".containerd.runtimes.tessera-native]"),
         "the init container did not configure the snapshotter:\n{config}"
     );
-    cluster.node_mut(0).restart_containerd();
     cluster
         .node_mut(0)
         .set_image_service_endpoint(Some(&paths.root.join("run/tessera/cri.sock")));
@@ -292,10 +294,7 @@ fn indexed_and_ordinary_images_start_through_the_chart() {
         addr = proxy.addr
     );
     let release = Release::install(&cluster, "tessera", &paths, &values);
-    let node_name = cluster.nodes()[0].name.clone();
-    release.agent_pod_on(&node_name);
-    cluster.node_mut(0).restart_containerd();
-    release.agent_pod_on(&node_name);
+    release.configure_node(&mut cluster, 0);
 
     let before = proxy.blob_bytes();
     let indexed = format!("{}/plain/indexed:v1", proxy.addr);
@@ -409,10 +408,7 @@ fn uninstall_leaves_the_node_as_operations_md_says() {
         addr = registry.addr
     );
     let mut release = Release::install(&cluster, "tessera", &paths, &values);
-    let node_name = cluster.nodes()[0].name.clone();
-    release.agent_pod_on(&node_name);
-    cluster.node_mut(0).restart_containerd();
-    release.agent_pod_on(&node_name);
+    release.configure_node(&mut cluster, 0);
     cluster.kubectl_apply(&app_pod("app", &image, None));
     wait_pod(
         &cluster,
@@ -441,6 +437,8 @@ fn uninstall_leaves_the_node_as_operations_md_says() {
         .filter(|l| !l.contains("kube-root-ca.crt"))
         .collect();
     assert!(ours.is_empty(), "helm uninstall left {ours:?}");
+    let classes = cluster.kubectl_ok(&["get", "runtimeclasses", "-o", "name"]);
+    assert!(classes.trim().is_empty(), "helm uninstall left {classes}");
 
     // The node steps, as an operator runs them with the agent image's binary.
     let node = &cluster.nodes()[0];
@@ -606,86 +604,137 @@ fn agent_pids(cluster: &KubeCluster) -> Vec<u32> {
         .collect()
 }
 
-/// (e) The agent killed with SIGKILL while a pod reads a file of its lazily mounted
-/// image: the DaemonSet's kubelet restarts it, the FUSE keeper held the mount's
-/// connection, the read completes with the right bytes, the pod never restarts, and
-/// every mount on the node still answers.
-///
-/// Not passing yet, so not run: with `containerd.configureSnapshotter` the Tessera
-/// snapshotter is containerd's default, so recreating the killed agent's own container
-/// needs a snapshot from the agent that is down ("failed to prepare extraction
-/// snapshot … connection error": CreateContainerError, and the agent never comes
-/// back). The read itself went on across the kill. docs/compatibility.md says what is
-/// planned (the agent's pod on a runtime handler with containerd's own snapshotter).
-#[test]
-#[ignore = "the agent's own container cannot be recreated while it is down (docs/compatibility.md)"]
-fn a_pods_read_survives_the_agent_killed_mid_read() {
-    require_tool("busybox");
-    let t = tempfile::Builder::new()
-        .prefix("tkch")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let registry = Registry::start();
-    let proxy = FaultProxy::start(&registry.addr);
-    let big = 24 << 20;
-    push_reader_image(&registry, t.path(), "src/reader", big, 50);
-    let expected = sha256_hex(&pseudo_random(big, 50));
-    let home = t.path().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    support::convert(
-        &home,
-        &format!("{}/src/reader:v1", registry.addr),
-        &format!("{}/lazy/reader:v1", registry.addr),
-        &[],
-    );
-    let image = format!("{}/lazy/reader:v1", proxy.addr);
+/// A node reading a lazily mounted image while the agent is taken away: the chart with
+/// only the snapshotter, a pod `reader` of a converted busybox image whose `/data/big`
+/// is 24 MiB, and the registry behind a proxy that can slow it down.
+struct Reading {
+    cluster: KubeCluster,
+    release: Release,
+    paths: NodePaths,
+    proxy: FaultProxy,
+    node_name: String,
+    /// The sha256 of `/data/big`, hex.
+    expected: String,
+    _registry: Registry,
+    _work: tempfile::TempDir,
+}
 
-    let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&proxy.addr));
-    let paths = NodePaths::of(&cluster);
-    // No CRI proxy (the image is public) and no mirror: only the snapshotter.
-    let values = "agent:\n  snapshotter:\n    enabled: true\n  mirror:\n    enabled: false\n\
-                  containerd:\n  configureSnapshotter: true\n";
-    let release = Release::install(&cluster, "tessera", &paths, values);
-    let node_name = cluster.nodes()[0].name.clone();
-    release.agent_pod_on(&node_name);
-    cluster.node_mut(0).restart_containerd();
-    release.agent_pod_on(&node_name);
-    cluster.kubectl_apply(&app_pod("reader", &image, None));
-    wait_pod(
-        &cluster,
-        &release,
-        "reader",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+impl Reading {
+    fn start() -> Reading {
+        require_tool("busybox");
+        let work = tempfile::Builder::new()
+            .prefix("tkch")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let registry = Registry::start();
+        let proxy = FaultProxy::start(&registry.addr);
+        let big = 24 << 20;
+        push_reader_image(&registry, work.path(), "src/reader", big, 50);
+        let expected = sha256_hex(&pseudo_random(big, 50));
+        let home = work.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        support::convert(
+            &home,
+            &format!("{}/src/reader:v1", registry.addr),
+            &format!("{}/lazy/reader:v1", registry.addr),
+            &[],
+        );
+        let image = format!("{}/lazy/reader:v1", proxy.addr);
 
-    // The registry slowed to 4 MiB/s: the whole file takes seconds to arrive, so the
-    // agent dies in the middle of it.
-    proxy.inject(
-        support::fault_proxy::Rule::new(support::fault_proxy::Fault::SlowBody {
-            bytes_per_sec: 4 << 20,
-        })
-        .path("/blobs/")
-        .times(u32::MAX),
-    );
-    let mut read = release.kubectl_command(&[
-        "exec",
-        "-n",
-        "default",
-        "reader",
-        "--",
-        "sha256sum",
-        "/data/big",
-    ]);
-    let reader = read
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    let restarts_of = |pod: &str| {
-        cluster
+        let mut cluster = KubeCluster::start(&KubeOptions::with_registry(&proxy.addr));
+        let paths = NodePaths::of(&cluster);
+        let release = Release::install(&cluster, "tessera", &paths, &reader_values(""));
+        let node_name = cluster.nodes()[0].name.clone();
+        release.configure_node(&mut cluster, 0);
+        cluster.kubectl_apply(&app_pod("reader", &image, None));
+        wait_pod(
+            &cluster,
+            &release,
+            "reader",
+            Duration::from_secs(90),
+            "Ready",
+            is_ready,
+        );
+        Reading {
+            cluster,
+            release,
+            paths,
+            proxy,
+            node_name,
+            expected,
+            _registry: registry,
+            _work: work,
+        }
+    }
+
+    /// Slows the registry to 256 KiB/s a response, starts reading `/data/big` in the
+    /// pod, and returns once the read is under way: bytes flowing, the file not read
+    /// yet (the test then takes the agent away in the middle of it).
+    fn start_slow_read(&self) -> std::process::Child {
+        self.proxy.inject(
+            support::fault_proxy::Rule::new(support::fault_proxy::Fault::SlowBody {
+                bytes_per_sec: 256 << 10,
+            })
+            .path("/blobs/")
+            .times(u32::MAX),
+        );
+        let mut child = self
+            .release
+            .kubectl_command(&[
+                "exec",
+                "-n",
+                "default",
+                "reader",
+                "--",
+                "sha256sum",
+                "/data/big",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.proxy.slow_bytes_sent() < 1 << 20 {
+            assert!(
+                Instant::now() < deadline,
+                "the read fetched nothing from the registry in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the read finished before the test could take the agent away: slow the registry more"
+        );
+        child
+    }
+
+    /// The read's outcome: whether it went on across the agent's absence (else it
+    /// failed and a second read must give the right bytes).
+    fn read_went_on(&self, reader: std::process::Child) -> bool {
+        let out = reader.wait_with_output().unwrap();
+        self.proxy.clear();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if stdout.starts_with(&self.expected) {
+            return true;
+        }
+        eprintln!(
+            "the read across the agent's absence failed ({}); reading again",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let again = self
+            .cluster
+            .kubectl_ok(&["exec", "reader", "--", "sha256sum", "/data/big"]);
+        assert!(
+            again.starts_with(&self.expected),
+            "read again: {again} (expected {})",
+            self.expected
+        );
+        false
+    }
+
+    /// How often the `agent` container of pod `pod` restarted.
+    fn agent_restarts(&self, pod: &str) -> u32 {
+        self.cluster
             .kubectl_ok(&[
                 "-n",
                 "tessera-system",
@@ -698,88 +747,158 @@ fn a_pods_read_survives_the_agent_killed_mid_read() {
             .trim()
             .parse::<u32>()
             .unwrap()
-    };
-    let agent_pod = release.agent_pod_on(&node_name);
-    let restarts_before = restarts_of(&agent_pod);
-    let pids = agent_pids(&cluster);
+    }
+
+    /// The reader never restarted, and every FUSE mount under the host root answers
+    /// (no stale mount).
+    fn assert_reader_and_mounts_fine(&self) {
+        let reader_restarts = self.cluster.kubectl_ok(&[
+            "get",
+            "pod",
+            "reader",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].restartCount}",
+        ]);
+        assert_eq!(reader_restarts.trim(), "0", "the reader restarted");
+        let node = &self.cluster.nodes()[0];
+        let table = node
+            .command("cat")
+            .arg("/proc/self/mountinfo")
+            .output()
+            .unwrap();
+        let mut fuse = 0;
+        for line in String::from_utf8_lossy(&table.stdout).lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let fstype = fields
+                .iter()
+                .skip_while(|f| **f != "-")
+                .nth(1)
+                .copied()
+                .unwrap_or("");
+            let mountpoint = fields.get(4).copied().unwrap_or("");
+            if fstype.starts_with("fuse")
+                && std::path::Path::new(mountpoint).starts_with(&self.paths.root)
+            {
+                fuse += 1;
+                let stat = node.command("stat").arg(mountpoint).output().unwrap();
+                assert!(
+                    stat.status.success(),
+                    "stale mount {mountpoint}: {}",
+                    String::from_utf8_lossy(&stat.stderr)
+                );
+            }
+        }
+        assert!(fuse > 0, "no FUSE mount of the reader's image on the node");
+    }
+
+    fn finish(self) {
+        self.cluster
+            .kubectl_ok(&["delete", "pod", "reader", "--wait=true"]);
+        finish(self.cluster, self.release);
+    }
+}
+
+/// Only the snapshotter: no CRI proxy (the image is public) and no mirror; `agent`
+/// (indented lines) added to the agent's values.
+fn reader_values(agent: &str) -> String {
+    format!(
+        "agent:\n  snapshotter:\n    enabled: true\n  mirror:\n    enabled: false\n{agent}\
+         containerd:\n  configureSnapshotter: true\n"
+    )
+}
+
+/// (e) The agent killed with SIGKILL while a pod reads a file of its lazily mounted
+/// image: the kubelet restarts the agent's container (on the native runtime: the
+/// Tessera snapshotter that is containerd's default is down meanwhile), the FUSE
+/// keeper held the mount's connection, the read completes with the right bytes (or
+/// fails once and reads right again), the pod never restarts, and every mount on the
+/// node still answers.
+#[test]
+fn a_pods_read_survives_the_agent_killed_mid_read() {
+    let r = Reading::start();
+    let agent_pod = r.release.agent_pod_on(&r.node_name);
+    let restarts_before = r.agent_restarts(&agent_pod);
+    let reader = r.start_slow_read();
+    let pids = agent_pids(&r.cluster);
     assert_eq!(pids.len(), 1, "one agent on the node: {pids:?}");
     let killed = std::process::Command::new("kill")
         .args(["-9", &pids[0].to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
-    let out = reader.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    // The read either went on across the restart, or failed (EIO) and reads again.
-    if !stdout.starts_with(&expected) {
+    let began = Instant::now();
+    if r.read_went_on(reader) {
         eprintln!(
-            "the read across the kill failed ({}); reading again",
-            String::from_utf8_lossy(&out.stderr)
+            "the read went on across the agent's SIGKILL ({:.1?} after it)",
+            began.elapsed()
         );
-        let again = cluster.kubectl_ok(&["exec", "reader", "--", "sha256sum", "/data/big"]);
-        assert!(
-            again.starts_with(&expected),
-            "read again: {again} (expected {expected})"
-        );
-    } else {
-        eprintln!("the read went on across the agent's SIGKILL");
     }
-    proxy.clear();
 
-    // The agent came back (restarted in place), the reader never restarted.
+    // The agent came back (restarted in place).
     assert_eq!(
-        release.agent_pod_on(&node_name),
+        r.release.agent_pod_on(&r.node_name),
         agent_pod,
         "the agent's pod was replaced, not its container restarted"
     );
     // The kubelet reports the restart a moment after it.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while restarts_of(&agent_pod) == restarts_before {
+    while r.agent_restarts(&agent_pod) == restarts_before {
         assert!(
             Instant::now() < deadline,
             "the agent's restart count stayed {restarts_before}:\n{}",
-            release.describe()
+            r.release.describe()
         );
         std::thread::sleep(Duration::from_millis(300));
     }
     assert_eq!(
-        restarts_of(&agent_pod),
+        r.agent_restarts(&agent_pod),
         restarts_before + 1,
         "the agent container restarted once for the kill"
     );
-    let reader_restarts = cluster.kubectl_ok(&[
-        "get",
-        "pod",
-        "reader",
-        "-o",
-        "jsonpath={.status.containerStatuses[0].restartCount}",
-    ]);
-    assert_eq!(reader_restarts.trim(), "0", "the reader restarted");
-    // No stale mount: every FUSE mount under the host root answers.
-    let node = &cluster.nodes()[0];
-    let table = node
-        .command("cat")
-        .arg("/proc/self/mountinfo")
-        .output()
-        .unwrap();
-    for line in String::from_utf8_lossy(&table.stdout).lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let fstype = fields
-            .iter()
-            .skip_while(|f| **f != "-")
-            .nth(1)
-            .copied()
-            .unwrap_or("");
-        let mountpoint = fields.get(4).copied().unwrap_or("");
-        if fstype.starts_with("fuse") && std::path::Path::new(mountpoint).starts_with(&paths.root) {
-            let stat = node.command("stat").arg(mountpoint).output().unwrap();
-            assert!(
-                stat.status.success(),
-                "stale mount {mountpoint}: {}",
-                String::from_utf8_lossy(&stat.stderr)
-            );
-        }
-    }
-    cluster.kubectl_ok(&["delete", "pod", "reader", "--wait=true"]);
-    finish(cluster, release);
+    r.assert_reader_and_mounts_fine();
+    r.finish();
+}
+
+/// (d) `helm upgrade` that rolls the agent DaemonSet while a pod reads its image: the
+/// old agent hands its mounts to the FUSE keeper (in the node DaemonSet, which the
+/// upgrade does not roll), the new one takes them over, and the read goes on to the
+/// right bytes without an error; no container restarts.
+#[test]
+fn a_helm_upgrade_rolls_the_agents_while_a_pod_reads() {
+    let r = Reading::start();
+    let old_agent = r.release.agent_pod_on(&r.node_name);
+    let node_pod = r.release.ready_pod_on("node", &r.node_name);
+    let reader = r.start_slow_read();
+    let began = Instant::now();
+    // A change of the agents' pod template: the DaemonSet rolls them.
+    r.release.upgrade(&reader_values(
+        "  podAnnotations:\n    example.com/rollout: \"2\"\n",
+    ));
+    eprintln!(
+        "helm upgrade --wait: the agents rolled in {:.1?}",
+        began.elapsed()
+    );
+    let new_agent = r.release.agent_pod_on(&r.node_name);
+    assert_ne!(
+        new_agent, old_agent,
+        "the upgrade did not replace the agent's pod"
+    );
+    assert!(
+        r.read_went_on(reader),
+        "the read failed across the rollout (a rollout must hand the mounts over)"
+    );
+    eprintln!("the read went on across the rollout");
+    assert_eq!(
+        r.release.ready_pod_on("node", &r.node_name),
+        node_pod,
+        "the upgrade replaced the node pod (it holds the FUSE connections: OnDelete)"
+    );
+    assert_eq!(r.agent_restarts(&new_agent), 0, "the new agent restarted");
+    r.assert_reader_and_mounts_fine();
+    // The new agent serves the old mounts: a file not read yet arrives.
+    let hello = r
+        .cluster
+        .kubectl_ok(&["exec", "reader", "--", "cat", "/data/hello"]);
+    assert!(hello.contains(HELLO), "read {hello:?}");
+    r.finish();
 }

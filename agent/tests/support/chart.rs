@@ -5,9 +5,9 @@
 //! with the real `helm` (`make chart-deps`).
 //!
 //! ```ignore
-//! let cluster = KubeCluster::start(&KubeOptions::default());
-//! let release = Release::install(&cluster, &NodePaths::of(&cluster), &extra_values);
-//! release.wait_agents_ready();
+//! let mut cluster = KubeCluster::start(&KubeOptions::default());
+//! let release = Release::install(&cluster, "tessera", &NodePaths::of(&cluster), &extra_values);
+//! release.configure_node(&mut cluster, 0); // with containerd.configureSnapshotter
 //! ```
 
 use std::path::PathBuf;
@@ -183,6 +183,26 @@ impl Release {
         release.write_values(values);
         release.helm_ok(&release.install_args("install"));
         release.installed = true;
+        // Not `helm install --wait`: with containerd.configureSnapshotter an agent
+        // starts only after its node's containerd was restarted (configure_node). The
+        // rest is waited for here.
+        let sets = release.kubectl(&["-n", NAMESPACE, "get", "statefulsets", "-o", "name"]);
+        for set in String::from_utf8_lossy(&sets.stdout).split_whitespace() {
+            let out = release.kubectl(&[
+                "-n",
+                NAMESPACE,
+                "rollout",
+                "status",
+                set,
+                &format!("--timeout={}s", READY.as_secs()),
+            ]);
+            assert!(
+                out.status.success(),
+                "{set} did not roll out: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                release.describe()
+            );
+        }
         release
     }
 
@@ -198,12 +218,15 @@ impl Release {
             chart.display().to_string(),
             "--namespace".into(),
             NAMESPACE.into(),
-            "--wait".into(),
-            "--timeout".into(),
-            format!("{}s", READY.as_secs()),
         ];
         if verb == "install" {
             args.push("--create-namespace".into());
+        } else {
+            args.extend([
+                "--wait".into(),
+                "--timeout".into(),
+                format!("{}s", READY.as_secs()),
+            ]);
         }
         for file in ["images.yaml", "paths.yaml", "test.yaml"] {
             args.push("--values".into());
@@ -252,7 +275,8 @@ impl Release {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// `helm upgrade --wait` with `values` in place of the install's own.
+    /// `helm upgrade --wait` with `values` in place of the install's own: returns once
+    /// the DaemonSets that roll (the agents') have rolled.
     pub fn upgrade(&self, values: &str) {
         self.write_values(values);
         self.helm_ok(&self.install_args("upgrade"));
@@ -354,15 +378,24 @@ impl Release {
     /// `containerd.configureSnapshotter` (docs/operations.md): waits for the chart to
     /// have configured node `index`'s containerd, restarts containerd for it, and
     /// returns the node's agent pod once it is Ready.
+    ///
+    /// The agent's pod cannot start before: it runs on the runtime handler the node
+    /// pod's init container writes beside the snapshotter, which containerd reads only
+    /// at start.
     pub fn configure_node(&self, cluster: &mut KubeCluster, index: usize) -> String {
         let node = cluster.nodes()[index].name.clone();
-        self.agent_pod_on(&node);
+        self.ready_pod_on("node", &node);
         cluster.node_mut(index).restart_containerd();
         self.agent_pod_on(&node)
     }
 
     /// The agent pod on `node` (its name), once it is Ready.
     pub fn agent_pod_on(&self, node: &str) -> String {
+        self.ready_pod_on("agent", node)
+    }
+
+    /// The release's pod of `component` (`agent`, `node`) on `node`, once it is Ready.
+    pub fn ready_pod_on(&self, component: &str, node: &str) -> String {
         let deadline = Instant::now() + READY;
         loop {
             let out = self.kubectl(&[
@@ -371,7 +404,7 @@ impl Release {
                 "get",
                 "pods",
                 "-l",
-                "app.kubernetes.io/component=agent",
+                &format!("app.kubernetes.io/component={component}"),
                 "--field-selector",
                 &format!("spec.nodeName={node}"),
                 "-o",
@@ -390,7 +423,7 @@ impl Release {
             }
             assert!(
                 Instant::now() < deadline,
-                "no Ready agent pod on {node}:\n{}",
+                "no Ready {component} pod on {node}:\n{}",
                 self.describe()
             );
             std::thread::sleep(Duration::from_millis(500));

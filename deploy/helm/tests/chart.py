@@ -119,6 +119,10 @@ class Manifests:
     def agent(self):
         return self.get("DaemonSet", f"{RELEASE}-tessera-agent")
 
+    def node(self):
+        """The node DaemonSet: the FUSE keeper and containerd's configuration."""
+        return self.get("DaemonSet", f"{RELEASE}-tessera-node")
+
     def scheduler(self):
         return self.get("StatefulSet", f"{RELEASE}-tessera-scheduler")
 

@@ -242,6 +242,7 @@ class FullValues(unittest.TestCase):
         cls.agent = cls.m.agent()
         cls.agent_c = container(cls.agent, "agent")
         cls.agent_pod = cls.agent["spec"]["template"]["spec"]
+        cls.node = cls.m.node()
         cls.sts = cls.m.scheduler()
         cls.sched_c = container(cls.sts, "scheduler")
         cls.config = tomllib.loads(cls.m.agent_config_text())
@@ -481,7 +482,7 @@ class FullValues(unittest.TestCase):
                          [v.get("secret", {}).get("secretName") for v in self.agent_pod["volumes"]])
 
     def test_containerd_init_container(self):
-        init = container(self.agent, "containerd-config", init=True)
+        init = container(self.node, "containerd-config", init=True)
         self.assertEqual(init["command"], ["/usr/local/bin/tessera"])
         args = init["args"]
         self.assertEqual(args[0], "containerd-config")
@@ -492,18 +493,18 @@ class FullValues(unittest.TestCase):
         self.assertEqual(flag(args, "--mirror"), "http://" + self.config["mirror"]["listen"])
         self.assertNotIn("--undo", args)
         # certs.d at the node's own path (the command compares it with config_path).
-        certs = volume(self.agent, "containerd-certs")["hostPath"]
+        certs = volume(self.node, "containerd-certs")["hostPath"]
         self.assertEqual(certs, {"path": "/etc/containerd/certs.d", "type": "DirectoryOrCreate"})
         self.assertEqual(mount(init, "containerd-certs")["mountPath"], certs["path"])
         self.assertEqual(flag(args, "--certs-dir"), certs["path"])
         # containerd's config: its directory never created; writable here only because
         # configureSnapshotter edits the file (read-only otherwise, see below).
-        cfg = volume(self.agent, "containerd-config")["hostPath"]
+        cfg = volume(self.node, "containerd-config")["hostPath"]
         self.assertEqual(cfg, {"path": "/etc/containerd", "type": "Directory"})
         cfg_mount = mount(init, "containerd-config")
         self.assertFalse(cfg_mount["readOnly"])
         mirror_only = render([FULL_VALUES], sets=["containerd.configureSnapshotter=false"])
-        init_mirror_only = container(mirror_only.agent(), "containerd-config", init=True)
+        init_mirror_only = container(mirror_only.node(), "containerd-config", init=True)
         self.assertTrue(mount(init_mirror_only, "containerd-config")["readOnly"])
         self.assertNotIn("--snapshotter-socket", init_mirror_only["args"])
         self.assertEqual(flag(args, "--containerd-config"), cfg_mount["mountPath"] + "/config.toml")
@@ -525,7 +526,7 @@ class FullValues(unittest.TestCase):
                          {"path": root, "type": "DirectoryOrCreate"})
         m = mount(self.agent_c, "snapshotter-root")
         self.assertEqual((m["mountPath"], m["mountPropagation"]), (root, "Bidirectional"))
-        keeper = container(self.agent, "fuse-keeper")
+        keeper = container(self.node, "fuse-keeper")
         self.assertEqual(keeper["command"], ["/usr/local/bin/tessera"])
         self.assertEqual(keeper["args"][0], "fuse-keeper")
         # The socket the agent looks for: <root>/fuse-keeper.sock.
@@ -533,16 +534,58 @@ class FullValues(unittest.TestCase):
         self.assertIn("--stay", keeper["args"])
         km = mount(keeper, "snapshotter-root")
         self.assertEqual((km["mountPath"], km["mountPropagation"]), (root, "HostToContainer"))
-        init = container(self.agent, "containerd-config", init=True)
+        init = container(self.node, "containerd-config", init=True)
         self.assertEqual(flag(init["args"], "--snapshotter-socket"), snap["socket"])
         # Only the snapshotter: no hosts files, no certs.d volume.
         only = render([FULL_VALUES], sets=["containerd.configureMirror=false"])
-        init_only = container(only.agent(), "containerd-config", init=True)
+        init_only = container(only.node(), "containerd-config", init=True)
         self.assertNotIn("--registry", init_only["args"])
-        self.assertNotIn("containerd-certs", [v["name"] for v in only.agent()["spec"]["template"]["spec"]["volumes"]])
+        self.assertNotIn("containerd-certs", [v["name"] for v in only.node()["spec"]["template"]["spec"]["volumes"]])
         self.assertEqual(flag(init_only["args"], "--snapshotter-socket"), snap["socket"])
         notes = render_notes([FULL_VALUES])
         self.assertIn("restart containerd", notes)
+
+    def test_agent_runs_on_the_native_runtime_and_the_node_pod_outlives_it(self):
+        """With the snapshotter containerd's default, the agent's pods run (and pull
+        their image) on the runtime handler containerd-config writes beside it, named
+        by a RuntimeClass; the FUSE keeper and containerd's configuration are in a
+        DaemonSet of their own that upgrades never roll, so a rollout of the agents
+        hands the mounts over and never rewrites containerd's config."""
+        pod = self.agent["spec"]["template"]
+        self.assertEqual(pod["spec"]["runtimeClassName"], "tessera-native")
+        self.assertEqual(pod["metadata"]["annotations"]["io.containerd.cri.runtime-handler"],
+                         "tessera-native")
+        rc = self.m.get("RuntimeClass", "tessera-native")
+        self.assertEqual(rc["handler"], "tessera-native")
+        init = container(self.node, "containerd-config", init=True)
+        self.assertEqual(flag(init["args"], "--native-runtime"), "tessera-native")
+        self.assertEqual(self.node["spec"]["updateStrategy"], {"type": "OnDelete"})
+        self.assertNotIn("runtimeClassName", self.node["spec"]["template"]["spec"])
+        self.assertEqual([c["name"] for c in self.agent_pod["containers"]], ["agent"])
+        self.assertNotIn("initContainers", self.agent_pod)
+        # On the agents' nodes.
+        for key in ["nodeSelector", "tolerations", "affinity"]:
+            self.assertEqual(self.node["spec"]["template"]["spec"].get(key), self.agent_pod.get(key), key)
+        # Another name reaches the handler, the class and the flag alike.
+        other = render([FULL_VALUES], ["containerd.nativeRuntime=infra"])
+        self.assertEqual(other.agent()["spec"]["template"]["spec"]["runtimeClassName"], "infra")
+        self.assertEqual(other.get("RuntimeClass", "infra")["handler"], "infra")
+        self.assertEqual(flag(container(other.node(), "containerd-config", init=True)["args"],
+                              "--native-runtime"), "infra")
+        # containerd configured by hand: the agent on the default runtime, no class.
+        mine = render([FULL_VALUES], ["containerd.configureSnapshotter=false"])
+        self.assertNotIn("runtimeClassName", mine.agent()["spec"]["template"]["spec"])
+        self.assertEqual(mine.of_kind("RuntimeClass"), [])
+        # No snapshotter: no node DaemonSet; the mirror's hosts files written by the
+        # agent's own init container.
+        mirror = render([FULL_VALUES], ["containerd.configureSnapshotter=false",
+                                        "agent.snapshotter.enabled=false", "agent.criProxy.enabled=false"])
+        self.assertIsNone(mirror.find("DaemonSet", "t-tessera-node"))
+        init = container(mirror.agent(), "containerd-config", init=True)
+        self.assertIn("--registry", init["args"])
+        self.assertNotIn("--native-runtime", init["args"])
+        self.assertEqual(volume(mirror.agent(), "containerd-certs")["hostPath"]["path"], "/etc/containerd/certs.d")
+        validate_kubernetes(self, mirror)
 
     def test_cri_proxy(self):
         """The kubelet's image service: a socket beside the agent's on the node, passing
@@ -566,7 +609,7 @@ class FullValues(unittest.TestCase):
         self.assertEqual(volume(self.agent, "snapshotter-root")["hostPath"]["path"], root)
         # The keeper does not need containerd.
         self.assertNotIn("containerd-socket-dir",
-                         [x["name"] for x in container(self.agent, "fuse-keeper")["volumeMounts"]])
+                         [x["name"] for x in container(self.node, "fuse-keeper")["volumeMounts"]])
         notes = render_notes([FULL_VALUES])
         self.assertIn("--image-service-endpoint=unix:///run/tessera/cri.sock", notes)
         self.assertIn("imageServiceEndpoint: unix:///run/tessera/cri.sock", notes)
@@ -628,7 +671,7 @@ class FullValues(unittest.TestCase):
         self.assertEqual(env_value(self.agent_c, "TESSERA_CACHE_DIR"), cache)
         # Neither in the agent's config (the flag is the one place) nor in the keeper.
         self.assertNotIn("store_root", self.config)
-        self.assertNotIn("layer-store", [x["name"] for x in container(self.agent, "fuse-keeper")["volumeMounts"]])
+        self.assertNotIn("layer-store", [x["name"] for x in container(self.node, "fuse-keeper")["volumeMounts"]])
         notes = render_notes([FULL_VALUES])
         self.assertIn(f'additionallayerstores = ["{root}:ref"]', notes)
         self.assertIn(f"mkdir -p {root}", notes)
@@ -719,8 +762,8 @@ class FullValues(unittest.TestCase):
 
     def test_agent_flags_exist(self):
         for sub, args in [("agent", container(self.agent, "agent")["args"][1:]),
-                          ("containerd-config", container(self.agent, "containerd-config", init=True)["args"][1:]),
-                          ("fuse-keeper", container(self.agent, "fuse-keeper")["args"][1:]),
+                          ("containerd-config", container(self.node, "containerd-config", init=True)["args"][1:]),
+                          ("fuse-keeper", container(self.node, "fuse-keeper")["args"][1:]),
                           ("status", self.agent_c["readinessProbe"]["exec"]["command"][2:])]:
             help_text = subprocess.run([str(TESSERA), sub, "--help"], capture_output=True, text=True,
                                        check=True).stdout

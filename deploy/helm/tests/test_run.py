@@ -95,13 +95,21 @@ class Run:
         cls.agent_pod = Pod(cls.cluster, cls.ds, "agent", cls.cluster.node, NODE_IP, {
             "status.hostIP": NODE_IP, "status.podIP": NODE_IP, "spec.nodeName": NODE_NAME,
             "metadata.name": "agent-x1", "metadata.namespace": NAMESPACE})
+        # The node DaemonSet's pod (containerd's configuration, the FUSE keeper's
+        # home) when the values have one; its init containers run first.
+        node_ds = cls.m.find("DaemonSet", cls.ds["metadata"]["name"].replace("-agent", "-node"))
+        pods = [cls.agent_pod]
+        if node_ds is not None:
+            pods.insert(0, Pod(cls.cluster, node_ds, "node", cls.cluster.node, NODE_IP, {
+                "spec.nodeName": NODE_NAME, "metadata.namespace": NAMESPACE}))
         cls.init_runs = []
-        for init in cls.agent_pod.spec.get("initContainers", []):
-            c = cls.agent_pod.container(init["name"], init=True)
-            cls.prepare_init(c)
-            cls.init_runs.append(c.run_once())
-            cls.init_runs.append(c.run_once())  # a restarted pod runs it again
-            cls.init = c
+        for pod in pods:
+            for init in pod.spec.get("initContainers", []):
+                c = pod.container(init["name"], init=True)
+                cls.prepare_init(c)
+                cls.init_runs.append(c.run_once())
+                cls.init_runs.append(c.run_once())  # a restarted pod runs it again
+                cls.init = c
         cls.agent = cls.agent_pod.container("agent")
         cls.agent.start(etc_hosts=cls.cluster.hosts)
         for s in cls.schedulers:

@@ -57,6 +57,89 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-agent" (include "tessera.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The node DaemonSet: what must outlive an agent's pod on each node. */}}
+{{- define "tessera.node.fullname" -}}
+{{- printf "%s-node" (include "tessera.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Where containerd's configuration is written from: the node DaemonSet when there
+is one (the snapshotter's), so an agent's rollout never edits it; else the agent's. */}}
+{{- define "tessera.containerdConfigured" -}}
+{{- if or .Values.containerd.configureMirror .Values.containerd.configureSnapshotter }}
+{{- if .Values.agent.snapshotter.enabled }}node{{ else }}agent{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The init container running `tessera containerd-config`, and its volumes. */}}
+{{- define "tessera.containerdConfigContainer" -}}
+# Points containerd's hosts files at the mirror and/or its config at the
+# snapshotter (with the runtime handler the agent's pod runs on): idempotent,
+# backs up files it did not write, never restarts containerd.
+- name: containerd-config
+  image: {{ include "tessera.agent.image" . }}
+  imagePullPolicy: {{ .Values.agent.image.pullPolicy }}
+  command:
+    - /usr/local/bin/tessera
+  args:
+    - containerd-config
+    {{- if .Values.containerd.configureMirror }}
+    {{- range .Values.containerd.registries }}
+    - --registry
+    - {{ . | quote }}
+    {{- end }}
+    {{- if .Values.containerd.all }}
+    - --all
+    {{- end }}
+    {{- range .Values.containerd.insecure }}
+    - --insecure
+    - {{ . | quote }}
+    {{- end }}
+    - --mirror
+    - {{ printf "http://127.0.0.1:%d" (int .Values.agent.mirror.port) | quote }}
+    - --certs-dir
+    - {{ .Values.containerd.certsDir | quote }}
+    {{- end }}
+    {{- if .Values.containerd.configureSnapshotter }}
+    - --snapshotter-socket
+    - {{ printf "%s/%s" .Values.agent.socketDir .Values.agent.snapshotter.socketName | quote }}
+    - --native-runtime
+    - {{ .Values.containerd.nativeRuntime | quote }}
+    {{- end }}
+    - --containerd-config
+    - {{ printf "/host/containerd-config/%s" (base .Values.containerd.configFile) | quote }}
+  securityContext:
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop:
+        - ALL
+  volumeMounts:
+    {{- if .Values.containerd.configureMirror }}
+    # The same path as on the node: the command checks that containerd's
+    # config_path names it.
+    - name: containerd-certs
+      mountPath: {{ .Values.containerd.certsDir }}
+    {{- end }}
+    - name: containerd-config
+      mountPath: /host/containerd-config
+      # Written only to make the snapshotter containerd's.
+      readOnly: {{ not .Values.containerd.configureSnapshotter }}
+{{- end }}
+
+{{- define "tessera.containerdConfigVolumes" -}}
+{{- if .Values.containerd.configureMirror }}
+- name: containerd-certs
+  hostPath:
+    path: {{ .Values.containerd.certsDir }}
+    type: DirectoryOrCreate
+{{- end }}
+- name: containerd-config
+  hostPath:
+    path: {{ dir .Values.containerd.configFile }}
+    type: Directory
+{{- end }}
+
 {{- define "tessera.scheduler.fullname" -}}
 {{- printf "%s-scheduler" (include "tessera.fullname" .) | trunc 52 | trimSuffix "-" }}
 {{- end }}
