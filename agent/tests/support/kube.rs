@@ -353,6 +353,40 @@ pub struct KubeOptions {
     /// registry on 127.0.0.1 is reached by node 1 only: see
     /// [`KubeCluster::expose_registry`].
     pub plain_http_registries: Vec<String>,
+    /// The kubelets' image garbage collection; `None`: off (a test machine's disk
+    /// may be fuller than a node's defaults allow, and images the test imported must
+    /// stay).
+    pub image_gc: Option<ImageGc>,
+}
+
+/// The kubelet's image garbage collection, as KubeletConfiguration names it. The
+/// kubelet runs it at its start and every 5 minutes after (not configurable).
+#[derive(Debug, Clone, Copy)]
+pub struct ImageGc {
+    /// `imageGCHighThresholdPercent`: at this usage of the image filesystem it frees
+    /// unused images...
+    pub high_threshold_percent: u8,
+    /// `imageGCLowThresholdPercent`: ...down to this one.
+    pub low_threshold_percent: u8,
+    /// `imageMinimumGCAge`: an image detected more recently is not freed for space.
+    pub minimum_age: Duration,
+    /// `imageMaximumGCAge`: an image unused for longer is freed whatever the usage,
+    /// once the kubelet has run that long (zero: never).
+    pub maximum_age: Duration,
+}
+
+impl ImageGc {
+    /// The KubeletConfiguration lines.
+    fn yaml(&self) -> String {
+        format!(
+            "imageGCHighThresholdPercent: {}\nimageGCLowThresholdPercent: {}\n\
+             imageMinimumGCAge: {}s\nimageMaximumGCAge: {}s\n",
+            self.high_threshold_percent,
+            self.low_threshold_percent,
+            self.minimum_age.as_secs(),
+            self.maximum_age.as_secs()
+        )
+    }
 }
 
 impl KubeOptions {
@@ -360,6 +394,7 @@ impl KubeOptions {
     pub fn with_registry(addr: &str) -> KubeOptions {
         KubeOptions {
             plain_http_registries: vec![addr.to_owned()],
+            image_gc: None,
         }
     }
 }
@@ -1027,6 +1062,8 @@ pub struct KubeCluster {
     /// Registries (`host:port`) every node's containerd reaches over plain HTTP: the
     /// options' and those added since; a node added later gets them all.
     plain_http_registries: Vec<String>,
+    /// The kubelets' image garbage collection (the options').
+    image_gc: Option<ImageGc>,
     /// Listeners on the control-plane address passing connections on to a registry of
     /// the test's (see [`KubeCluster::expose_registry`]).
     forwarders: Vec<Forwarder>,
@@ -1094,6 +1131,7 @@ impl KubeCluster {
             server: format!("https://{}:6443", addrs.control_plane()),
             bring_up: Duration::ZERO,
             plain_http_registries: options.plain_http_registries.clone(),
+            image_gc: options.image_gc,
             forwarders: Vec::new(),
             pki: Pki {
                 dir: dir.join("pki"),
@@ -2124,15 +2162,17 @@ evictionHard:
   nodefs.available: 1%
   nodefs.inodesFree: 1%
   imagefs.available: 1%
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
+{image_gc}serializeImagePulls: false
 "#,
                 ip = self.ip,
                 ca = s(&pki.ca()),
                 socket = s(&self.containerd_socket_in_view()),
                 logs = d("pod-logs"),
                 dns = cluster.addrs.control_plane(),
+                image_gc = cluster.image_gc.map_or_else(
+                    || "imageGCHighThresholdPercent: 100\nimageGCLowThresholdPercent: 99\n".into(),
+                    |gc| gc.yaml()
+                ),
             ),
         )
         .expect("write kubelet config");
