@@ -572,8 +572,10 @@ impl Snapshotter {
 
     /// What a snapshot uses of its own: measured now for an active one, at commit for a
     /// committed one; for a Tessera image's mount, the bytes of its chunks the cache
-    /// holds now (what the kubelet's image GC would free by removing it; shared chunks
-    /// count in every image holding them); nothing for a layer that only names a blob.
+    /// holds now (shared chunks count in every image holding them); nothing for a
+    /// layer that only names a blob. Removing the image does not free those bytes at
+    /// once: it unpins them, and the cache evicts them when it is past its capacity
+    /// or its disk watermarks, or at a prune.
     pub async fn usage(&self, key: &str) -> Result<Usage> {
         let record = self.store.require(key)?;
         if let Some(remote_of) = &record.remote {
