@@ -11,15 +11,13 @@
 //! Chunks another mounted image names stay pinned by that image.
 //!
 //! The kubelet runs image GC at its start and every 5 minutes after (hard-coded): the
-//! test restarts the kubelet once the removed pod's container is gone, and the run 5
-//! minutes later frees the image by its age (`imageMaximumGCAge` of 60 s: the image
-//! was not seen in use since the restart). So the test takes about 7 minutes. The
-//! disk-usage thresholds are set too (1% and 0%), but with the snapshotter as
-//! containerd's the kubelet cannot measure the image filesystem yet: containerd names
-//! a proxy snapshotter's root `<containerd root>/io.containerd.snapshotter.v1.tessera`
-//! unless its `proxy_plugins` entry exports a `root`, that directory does not exist,
-//! and each run logs "Image garbage collection failed" after the age pass (the test
-//! prints those lines).
+//! test restarts the kubelet once the removed pod's container is gone. With the
+//! disk-usage thresholds at 1% and 0% the run at that start frees B (the image
+//! filesystem the kubelet measures is the one holding the snapshotter's root, which
+//! `tessera containerd-config --snapshotter-root` exports to containerd; without the
+//! export containerd named a directory that does not exist, the kubelet could not
+//! measure it, and only the age pass, `imageMaximumGCAge` of 60 s, freed B, 5 minutes
+//! later). The test checks the kubelet sees the image filesystem.
 //!
 //! Needs root, `make kubernetes-deps`, `make containerd-deps`, `make chart-deps`, and
 //! Debian's busybox-static, docker-registry, umoci, skopeo and
@@ -384,6 +382,24 @@ containerd:
         std::thread::sleep(Duration::from_secs(2));
     }
     let gc_took = restarted.elapsed();
+    // The kubelet measured the image filesystem: the snapshotter's root, exported.
+    let summary: serde_json::Value = serde_json::from_str(&cluster.kubectl_ok(&[
+        "get",
+        "--raw",
+        "/api/v1/nodes/node-1/proxy/stats/summary",
+    ]))
+    .unwrap();
+    let image_fs = &summary["node"]["runtime"]["imageFs"];
+    assert!(
+        image_fs["capacityBytes"].as_u64().unwrap_or(0) > 0,
+        "the kubelet reports no image filesystem: {image_fs}\n{}",
+        kubelet_gc_lines(&cluster)
+    );
+    let kubelet_log = std::fs::read_to_string(cluster.nodes()[0].dir.join("kubelet.log")).unwrap();
+    assert!(
+        !kubelet_log.contains("io.containerd.snapshotter.v1.tessera"),
+        "the kubelet was given containerd's default path for the snapshotter, not its root"
+    );
     // containerd removed B's snapshots as it removed the image: the agent's pin is gone.
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {

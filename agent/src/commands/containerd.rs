@@ -35,6 +35,15 @@ pub struct ContainerdConfigArgs {
     /// the agent is down (the agent's own: the chart's RuntimeClass names it).
     #[arg(long, default_value = containerd::NATIVE_RUNTIME, value_name = "NAME")]
     native_runtime: String,
+    /// With `--snapshotter-socket`, the agent's snapshotter root on the node (its
+    /// `--snapshotter-root`), exported to containerd, which reports the image
+    /// filesystem to the kubelet from it.
+    #[arg(
+        long,
+        default_value = "/var/lib/tessera/snapshotter",
+        value_name = "DIR"
+    )]
+    snapshotter_root: PathBuf,
     /// containerd's config file (read to say whether `config_path` is set; written
     /// only with `--snapshotter-socket`).
     #[arg(
@@ -141,7 +150,14 @@ pub fn containerd_config(args: ContainerdConfigArgs) -> Result<()> {
         files.push(if args.undo {
             containerd::undo_snapshotter(&args.containerd_config)?
         } else {
-            containerd::apply_snapshotter(&args.containerd_config, socket, &args.native_runtime)?
+            containerd::apply_snapshotter(
+                &args.containerd_config,
+                &containerd::SnapshotterConfig {
+                    socket,
+                    root: &args.snapshotter_root,
+                    native_runtime: &args.native_runtime,
+                },
+            )?
         });
     }
     let registry_section = containerd::config_version(&args.containerd_config)

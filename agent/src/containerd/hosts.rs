@@ -217,6 +217,20 @@ pub const SNAPSHOTTER: &str = "tessera";
 /// `snapshotter`; 1.6 ignores it.
 pub const NATIVE_RUNTIME: &str = "tessera-native";
 
+/// What containerd's config says of the Tessera snapshotter.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotterConfig<'a> {
+    /// The agent's snapshots socket (the proxy plugin's `address`).
+    pub socket: &'a Path,
+    /// The snapshotter's root on the node (the agent's snapshotter root), exported to
+    /// containerd: its CRI plugin reports the image filesystem (to the kubelet's image
+    /// garbage collection and `imagefs` eviction) from the filesystem holding it, and
+    /// without the export names a directory that does not exist.
+    pub root: &'a Path,
+    /// The runtime handler written beside it ([`NATIVE_RUNTIME`]).
+    pub native_runtime: &'a str,
+}
+
 /// The snapshotter the native runtime uses when the file named none before Tessera's:
 /// containerd's default.
 const CONTAINERD_DEFAULT_SNAPSHOTTER: &str = "overlayfs";
@@ -280,14 +294,16 @@ pub fn config_version(path: &Path) -> Option<ConfigVersion> {
     ConfigVersion::of(&text.parse().ok()?).ok().flatten()
 }
 
-/// `text` (containerd's `config.toml`, version 2 or 3) with the Tessera snapshotter:
-/// the proxy plugin `tessera` at `socket`, the CRI image settings (where the file's
+/// `text` (containerd's `config.toml`, version 2 or 3) with the Tessera snapshotter
+/// `c`: the proxy plugin `tessera` at its socket, exporting its root, the CRI image
+/// settings (where the file's
 /// version keeps them) using it with snapshot annotations on (the snapshotter needs
-/// the image and layer of each snapshot), and the runtime handler `native_runtime`
+/// the image and layer of each snapshot), and the native runtime handler
 /// (see [`NATIVE_RUNTIME`]): a copy of the default runtime's settings on the
 /// snapshotter the file used before. Everything else, comments included, is kept. An
 /// empty file becomes version 2, which both containerd lines read.
-pub fn with_snapshotter(text: &str, socket: &Path, native_runtime: &str) -> Result<String> {
+pub fn with_snapshotter(text: &str, c: &SnapshotterConfig<'_>) -> Result<String> {
+    let native_runtime = c.native_runtime;
     use toml_edit::{value, DocumentMut, Item, Table};
     let bad = |reason: String| Error::Config {
         path: PathBuf::from("containerd config.toml"),
@@ -319,7 +335,10 @@ pub fn with_snapshotter(text: &str, socket: &Path, native_runtime: &str) -> Resu
     let proxy = table(table(root, "proxy_plugins")?, SNAPSHOTTER)?;
     proxy.set_implicit(false);
     proxy["type"] = value("snapshot");
-    proxy["address"] = value(socket.to_string_lossy().as_ref());
+    proxy["address"] = value(c.socket.to_string_lossy().as_ref());
+    let mut exports = toml_edit::InlineTable::new();
+    exports.insert("root", c.root.to_string_lossy().as_ref().into());
+    proxy["exports"] = value(exports);
     let mut cri = &mut *root;
     for key in version.cri_images_table() {
         cri = table(cri, key)?;
@@ -383,20 +402,17 @@ pub fn with_snapshotter(text: &str, socket: &Path, native_runtime: &str) -> Resu
     Ok(doc.to_string())
 }
 
-/// Configures containerd (its `config.toml` at `path`) for the snapshotter at
-/// `socket`; the first original is kept as `config.toml.tessera-backup`. containerd
+/// Configures containerd (its `config.toml` at `path`) for the snapshotter `c`; the
+/// first original is kept as `config.toml.tessera-backup`. containerd
 /// reads it at start: restart it once.
-pub fn apply_snapshotter(path: &Path, socket: &Path, native_runtime: &str) -> Result<FileChange> {
+pub fn apply_snapshotter(path: &Path, c: &SnapshotterConfig<'_>) -> Result<FileChange> {
     let (existing, text) = match std::fs::read_to_string(path) {
-        Ok(t) => (
-            Some(t.clone()),
-            with_snapshotter(&t, socket, native_runtime)?,
-        ),
+        Ok(t) => (Some(t.clone()), with_snapshotter(&t, c)?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
             None,
             format!(
                 "{MARKER}; `tessera containerd-config --undo` removes it.\n{}",
-                with_snapshotter("", socket, native_runtime)?
+                with_snapshotter("", c)?
             ),
         ),
         Err(e) => return Err(Error::io("read", path, e)),
@@ -516,6 +532,14 @@ mod tests {
             .all(|f| f.change == Change::Untouched));
     }
 
+    fn ours(socket: &Path) -> SnapshotterConfig<'_> {
+        SnapshotterConfig {
+            socket,
+            root: Path::new("/var/lib/tessera/snapshotter"),
+            native_runtime: NATIVE_RUNTIME,
+        }
+    }
+
     #[test]
     fn snapshotter_config_keeps_the_rest_and_undoes() {
         let t = tempfile::tempdir().unwrap();
@@ -524,9 +548,7 @@ mod tests {
         std::fs::write(&conf, original).unwrap();
         let socket = Path::new("/run/tessera/snapshotter.sock");
         assert_eq!(
-            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
-                .unwrap()
-                .change,
+            apply_snapshotter(&conf, &ours(socket)).unwrap().change,
             Change::BackedUpAndWritten
         );
         let text = std::fs::read_to_string(&conf).unwrap();
@@ -551,6 +573,10 @@ mod tests {
             v["proxy_plugins"]["tessera"]["address"].as_str(),
             Some("/run/tessera/snapshotter.sock")
         );
+        assert_eq!(
+            v["proxy_plugins"]["tessera"]["exports"]["root"].as_str(),
+            Some("/var/lib/tessera/snapshotter")
+        );
         // The native runtime: runc on the snapshotter the file used before.
         let native = &cri["containerd"]["runtimes"][NATIVE_RUNTIME];
         assert_eq!(native["snapshotter"].as_str(), Some("overlayfs"), "{text}");
@@ -559,9 +585,7 @@ mod tests {
             Some("io.containerd.runc.v2")
         );
         assert_eq!(
-            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
-                .unwrap()
-                .change,
+            apply_snapshotter(&conf, &ours(socket)).unwrap().change,
             Change::Unchanged
         );
         assert_eq!(undo_snapshotter(&conf).unwrap().change, Change::Restored);
@@ -570,7 +594,7 @@ mod tests {
         // Another snapshotter before Tessera's stays the native runtime's; a handler
         // named like the default runtime is refused.
         let zfs = original.replace("\"overlayfs\"", "\"zfs\"");
-        let text = with_snapshotter(&zfs, socket, NATIVE_RUNTIME).unwrap();
+        let text = with_snapshotter(&zfs, &ours(socket)).unwrap();
         let v: toml::Value = toml::from_str(&text).unwrap();
         assert_eq!(
             v["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][NATIVE_RUNTIME]
@@ -579,17 +603,17 @@ mod tests {
             Some("zfs"),
             "{text}"
         );
-        let err = with_snapshotter(original, socket, "runc")
-            .unwrap_err()
-            .to_string();
+        let runc = SnapshotterConfig {
+            native_runtime: "runc",
+            ..ours(socket)
+        };
+        let err = with_snapshotter(original, &runc).unwrap_err().to_string();
         assert!(err.contains("is the default runtime"), "{err}");
 
         // No config yet: one is written, and undo removes it.
         let fresh = t.path().join("new/config.toml");
         assert_eq!(
-            apply_snapshotter(&fresh, socket, NATIVE_RUNTIME)
-                .unwrap()
-                .change,
+            apply_snapshotter(&fresh, &ours(socket)).unwrap().change,
             Change::Written
         );
         let v: toml::Value = toml::from_str(&std::fs::read_to_string(&fresh).unwrap()).unwrap();
@@ -600,7 +624,7 @@ mod tests {
         // Version 1 configs are refused by name.
         let old = t.path().join("v1.toml");
         std::fs::write(&old, "[plugins.cri]\n").unwrap();
-        let err = apply_snapshotter(&old, socket, NATIVE_RUNTIME)
+        let err = apply_snapshotter(&old, &ours(socket))
             .unwrap_err()
             .to_string();
         assert!(err.contains("version 1"), "{err}");
@@ -617,9 +641,7 @@ mod tests {
         assert_eq!(config_version(&conf), Some(ConfigVersion::V3));
         let socket = Path::new("/run/tessera/snapshotter.sock");
         assert_eq!(
-            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
-                .unwrap()
-                .change,
+            apply_snapshotter(&conf, &ours(socket)).unwrap().change,
             Change::BackedUpAndWritten
         );
         let text = std::fs::read_to_string(&conf).unwrap();
@@ -662,9 +684,7 @@ mod tests {
             Some("/run/tessera/snapshotter.sock")
         );
         assert_eq!(
-            apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
-                .unwrap()
-                .change,
+            apply_snapshotter(&conf, &ours(socket)).unwrap().change,
             Change::Unchanged
         );
         assert_eq!(
@@ -676,7 +696,7 @@ mod tests {
 
         // Versions this command does not know are refused by name.
         std::fs::write(&conf, "version = 4\n").unwrap();
-        let err = apply_snapshotter(&conf, socket, NATIVE_RUNTIME)
+        let err = apply_snapshotter(&conf, &ours(socket))
             .unwrap_err()
             .to_string();
         assert!(err.contains("version 4 is not supported"), "{err}");

@@ -559,6 +559,8 @@ class FullValues(unittest.TestCase):
         self.assertEqual(rc["handler"], "tessera-native")
         init = container(self.node, "containerd-config", init=True)
         self.assertEqual(flag(init["args"], "--native-runtime"), "tessera-native")
+        # The kubelet's image filesystem is where the snapshotter keeps its snapshots.
+        self.assertEqual(flag(init["args"], "--snapshotter-root"), self.config["snapshotter"]["root"])
         self.assertEqual(self.node["spec"]["updateStrategy"], {"type": "OnDelete"})
         self.assertNotIn("runtimeClassName", self.node["spec"]["template"]["spec"])
         self.assertEqual([c["name"] for c in self.agent_pod["containers"]], ["agent"])

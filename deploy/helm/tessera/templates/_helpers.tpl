@@ -104,6 +104,9 @@ is one (the snapshotter's), so an agent's rollout never edits it; else the agent
     - {{ printf "%s/%s" .Values.agent.socketDir .Values.agent.snapshotter.socketName | quote }}
     - --native-runtime
     - {{ .Values.containerd.nativeRuntime | quote }}
+    # Exported to containerd: the image filesystem the kubelet's image GC measures.
+    - --snapshotter-root
+    - {{ .Values.agent.snapshotter.root | quote }}
     {{- end }}
     - --containerd-config
     - {{ printf "/host/containerd-config/%s" (base .Values.containerd.configFile) | quote }}
