@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use support::chart::{NodePaths, Release, NAMESPACE};
-use support::fault_proxy::FaultProxy;
+use support::fault_proxy::{Fault, FaultProxy, Rule};
 use support::kube::KubeCluster;
 use support::kube::KubeOptions;
 use support::oci::{self, pseudo_random, require_tool};
@@ -102,17 +102,14 @@ scheduler:
         );
         let release = Release::install(&cluster, "tessera", &paths, &values);
         for i in 0..cluster.nodes().len() {
-            let name = cluster.nodes()[i].name.clone();
-            release.agent_pod_on(&name);
-            let config =
-                std::fs::read_to_string(cluster.nodes()[i].host_path(&paths.containerd_config))
-                    .unwrap();
+            release.configure_node(&mut cluster, i);
+            let node = &cluster.nodes()[i];
+            let config = std::fs::read_to_string(node.host_path(&paths.containerd_config)).unwrap();
             assert!(
                 config.contains("snapshotter = \"tessera\""),
-                "the init container did not configure {name}'s snapshotter:\n{config}"
+                "the chart did not configure {}'s snapshotter:\n{config}",
+                node.name
             );
-            cluster.node_mut(i).restart_containerd();
-            release.agent_pod_on(&name);
         }
         eprintln!(
             "two nodes, chart installed, containerd restarted in {:.1?}",
@@ -289,17 +286,99 @@ spec:
         path: &str,
         body: Option<&str>,
     ) -> serde_json::Value {
-        let url = format!("http://{ip}:7090/api/v1/{path}");
-        let auth = format!("Authorization: Bearer {token}");
-        let mut args = vec!["-sS", "--max-time", "10", "-X", method, "-H", &auth];
-        if let Some(body) = body {
-            args.extend(["-H", "Content-Type: application/json", "--data", body]);
-        }
-        args.push(&url);
-        let text = curl(&args).unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{method} {url} answered {text:?}: {e}"))
+        try_admin(ip, token, method, path, body).unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Waits until `n` scheduler replicas are Ready, every one lists both nodes' agents
+    /// as hosts, and both agents say (`tessera status`) they are registered with all
+    /// `n`, as docs/operations.md has an operator check; returns the replicas.
+    fn wait_swarm(&self, token: &str, n: usize, within: Duration) -> Vec<(String, String)> {
+        let deadline = Instant::now() + within;
+        loop {
+            let replicas = self.wait_replicas(n, within);
+            let hosts: Vec<usize> = replicas
+                .iter()
+                .map(|(_, ip)| {
+                    try_admin(ip, token, "GET", "hosts", None)
+                        .ok()
+                        .and_then(|h| h.as_array().map(Vec::len))
+                        .unwrap_or(0)
+                })
+                .collect();
+            let agents: Vec<serde_json::Value> = ["node-1", "node-2"]
+                .iter()
+                .map(|node| self.agent_swarm_status(node))
+                .collect();
+            let registered = |a: &serde_json::Value| {
+                a["schedulers"].as_u64() == Some(n as u64)
+                    && a["schedulers_registered"].as_u64() == Some(n as u64)
+            };
+            if hosts.iter().all(|&h| h == 2) && agents.iter().all(registered) {
+                return replicas;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the swarm is not whole after {within:?}: replicas {replicas:?} list \
+                 {hosts:?} hosts; the agents' swarm status: {agents:?}\n{}\n--- scheduler \
+                 logs ---\n{}",
+                self.release.describe(),
+                self.release
+                    .logs("app.kubernetes.io/component=scheduler", "scheduler")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The `swarm` part of `tessera status --json` of the agent on `node`.
+    fn agent_swarm_status(&self, node: &str) -> serde_json::Value {
+        let out = self.release.tessera(node, &["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "tessera status on {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        status["swarm"].clone()
+    }
+
+    /// The scheduler replica (pod name, and the blob's view) that tracks the big file's
+    /// blob (the only one of at least [`BIG`] bytes) with a holder: the replica that
+    /// blob's holders and fetchers talk to (agents shard blobs over the replicas,
+    /// agent/src/peer/ring.rs).
+    fn big_blob_owner(
+        &self,
+        replicas: &[(String, String)],
+        token: &str,
+    ) -> Option<(String, serde_json::Value)> {
+        replicas.iter().find_map(|(pod, ip)| {
+            let blobs = try_admin(ip, token, "GET", "blobs", None).ok()?;
+            let big = blobs.as_array()?.iter().find(|b| {
+                b["size"].as_u64().is_some_and(|s| s >= BIG as u64)
+                    && b["holders"].as_u64().is_some_and(|h| h > 0)
+            })?;
+            Some((pod.clone(), big.clone()))
+        })
+    }
+}
+
+/// `METHOD /api/v1/PATH` on the scheduler replica at `ip` with `token`: its JSON, or
+/// why there is none.
+fn try_admin(
+    ip: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let url = format!("http://{ip}:7090/api/v1/{path}");
+    let auth = format!("Authorization: Bearer {token}");
+    let mut args = vec!["-sS", "--max-time", "10", "-X", method, "-H", &auth];
+    if let Some(body) = body {
+        args.extend(["-H", "Content-Type: application/json", "--data", body]);
+    }
+    args.push(&url);
+    let text = curl(&args).map_err(|e| format!("{method} {url}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{method} {url} answered {text:?}: {e}"))
 }
 
 /// `curl ARGS` from the test's network namespace: its stdout, or why it failed.
@@ -509,4 +588,126 @@ fn a_preheated_image_starts_with_almost_nothing_from_the_registry() {
         "the agents fetched {agents:?} bytes from origin and peers after the preheat"
     );
     finish(swarm);
+}
+
+/// How fast the registry sends each blob response while (f) wants pulls in progress:
+/// reading the big file from it takes node 1 many seconds.
+const SLOW: u64 = 256 << 10;
+
+/// (f) Three scheduler replicas; while both nodes pull the image (the registry slowed
+/// down), the replica that tracks the big file's blob is deleted. Both pods still read
+/// the big file whole and right, with no agent fetching it from the registry more than
+/// once; the StatefulSet brings the replica back, the agents register with it again
+/// (docs/operations.md: replicas keep no swarm state, agents re-register and fetch from
+/// the origin until then) and re-announce the blob to it (it owns it again).
+#[test]
+fn pulls_complete_when_a_scheduler_replica_is_deleted_mid_pull() {
+    let swarm = Swarm::start(3, "");
+    let token = swarm.admin_token();
+    let replicas = swarm.wait_swarm(&token, 3, Duration::from_secs(90));
+
+    swarm.proxy.inject(
+        Rule::new(Fault::SlowBody {
+            bytes_per_sec: SLOW,
+        })
+        .method("GET")
+        .path("/blobs/")
+        .times(u32::MAX),
+    );
+    let before = swarm.proxy.blob_bytes();
+    let began = Instant::now();
+    swarm.run_reader("reader-1", "node-1");
+    wait_for("node 1 to read from the slowed registry", || {
+        swarm.proxy.slow_bytes_sent() >= 2 << 20
+    });
+    let second_began = Instant::now();
+    swarm.run_reader("reader-2", "node-2");
+    let fetched2 = || swarm.agent_bytes(2, "peer") + swarm.agent_bytes(2, "origin");
+    wait_for("node 2's agent to fetch some of the image", || {
+        fetched2() >= (1 << 20) as f64
+    });
+
+    // The replica that matters: the one both nodes talk to about the big blob.
+    wait_for("a replica to track the big file's blob", || {
+        swarm.big_blob_owner(&replicas, &token).is_some()
+    });
+    let (victim, blob) = swarm.big_blob_owner(&replicas, &token).unwrap();
+    let digest = blob["blob"].as_str().unwrap().to_owned();
+    for reader in ["reader-1", "reader-2"] {
+        let pod = swarm
+            .cluster
+            .kubectl_ok(&["get", "pod", reader, "-o", "json"]);
+        let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+        assert_ne!(
+            pod["status"]["phase"], "Succeeded",
+            "{reader} is done before the replica goes: the registry is not slow enough"
+        );
+    }
+    let slow_at_delete = swarm.proxy.slow_bytes_sent();
+    let deleted = Instant::now();
+    swarm
+        .cluster
+        .kubectl_ok(&["-n", NAMESPACE, "delete", "pod", &victim, "--wait=true"]);
+    let deletion_took = deleted.elapsed();
+    swarm.proxy.clear();
+
+    swarm.wait_reader("reader-1");
+    let first_took = began.elapsed();
+    swarm.wait_reader("reader-2");
+    let second_took = second_began.elapsed();
+    let sent = swarm.proxy.blob_bytes() - before;
+
+    let replicas = swarm.wait_swarm(&token, 3, Duration::from_secs(120));
+    let whole_again = deleted.elapsed();
+    let back = &replicas.iter().find(|(pod, _)| *pod == victim).unwrap().1;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let owned = loop {
+        let blobs = swarm.admin(back, &token, "GET", "blobs", None);
+        let owned = blobs
+            .as_array()
+            .and_then(|b| b.iter().find(|b| b["blob"] == digest.as_str()))
+            .cloned();
+        if owned.as_ref().is_some_and(|b| b["holders"] == 2) {
+            break owned.unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{victim} is back but its blob {digest} is not announced to it by both \
+             nodes: {blobs:#}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+
+    eprintln!(
+        "deleted {victim} (tracking {digest}: {blob}) {:.1?} into node 1's pull, with \
+         {:.2} MiB sent slowly; deletion took {deletion_took:.1?}, the swarm was whole \
+         again {whole_again:.1?} after it. node 1's pod done by {first_took:.1?}, node \
+         2's by {second_took:.1?}; registry sent {:.2} MiB; agents: node 1 {:.2} MiB \
+         from origin, {:.2} MiB from peers; node 2 {:.2} MiB from origin, {:.2} MiB \
+         from peers; back on {victim}: {owned}",
+        deleted - began,
+        mib(slow_at_delete as f64),
+        mib(sent as f64),
+        mib(swarm.agent_bytes(1, "origin")),
+        mib(swarm.agent_bytes(1, "peer")),
+        mib(swarm.agent_bytes(2, "origin")),
+        mib(swarm.agent_bytes(2, "peer")),
+    );
+    // Each agent reads the image once, from peers or the registry: losing a replica
+    // sends an agent to the origin for what it lacks, not back over what it has.
+    assert!(
+        sent < 2 * BIG as u64 + (8 << 20),
+        "the registry sent {sent} bytes for two nodes reading a {BIG}-byte file\n{}",
+        swarm.release.describe()
+    );
+    finish(swarm);
+}
+
+/// Waits up to a minute for `done`, panicking with `what` then.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "waited a minute for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
