@@ -386,7 +386,13 @@ impl Release {
         let node = cluster.nodes()[index].name.clone();
         self.ready_pod_on("node", &node);
         cluster.node_mut(index).restart_containerd();
-        self.agent_pod_on(&node)
+        let restarted = Instant::now();
+        let pod = self.agent_pod_on(&node);
+        eprintln!(
+            "{node}: the agent Ready {:.1?} after containerd's restart",
+            restarted.elapsed()
+        );
+        pod
     }
 
     /// The agent pod on `node` (its name), once it is Ready.
