@@ -15,7 +15,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::chart::{NodePaths, Release};
+use support::chart::{
+    agent_metrics, finish, is_ready, waiting_reason, NodePaths, Release, TestPod,
+};
 use support::fault_proxy::FaultProxy;
 use support::kube::{KubeCluster, KubeOptions};
 use support::oci::{self, build_files_image_with, pseudo_random, require_tool};
@@ -39,69 +41,18 @@ containerd:
 "#;
 
 /// A pod `name` running `image` (its `/bin/sh` prints the first line of /data/hello,
-/// then waits), with `secret` as its pull secret if given.
+/// then waits), pulled at each start with `secret` as its pull secret if given.
 fn app_pod(name: &str, image: &str, secret: Option<&str>) -> String {
-    let secrets = match secret {
-        Some(s) => format!("  imagePullSecrets:\n    - name: {s}\n"),
-        None => String::new(),
-    };
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-spec:
-{secrets}  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: {image}
-      imagePullPolicy: Always
-      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; read l < /data/hello; echo \"$l\"; while :; do sleep 1; done"]
-"#
-    )
-}
-
-/// Waits until `check` (given `kubectl get pod NAME -o json`) holds, panicking with
-/// the pod and the release after `within`.
-fn wait_pod(
-    cluster: &KubeCluster,
-    release: &Release,
-    name: &str,
-    within: Duration,
-    what: &str,
-    check: impl Fn(&serde_json::Value) -> bool,
-) {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = cluster.kubectl(&["get", "pod", name, "-o", "json"]);
-        let pod: serde_json::Value =
-            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-        if check(&pod) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pod {name} is not {what} after {within:?}:\n{:#}\n--- release ---\n{}",
-            pod["status"],
-            release.describe()
-        );
-        std::thread::sleep(Duration::from_millis(300));
+    TestPod {
+        pull_secret: secret,
+        always_pull: true,
+        ..TestPod::new(
+            name,
+            image,
+            r#"trap 'exit 0' TERM; read l < /data/hello; echo "$l"; while :; do sleep 1; done"#,
+        )
     }
-}
-
-fn waiting_reason(pod: &serde_json::Value) -> Option<String> {
-    pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
-        .as_str()
-        .map(str::to_owned)
-}
-
-fn is_ready(pod: &serde_json::Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
+    .manifest()
 }
 
 /// (a) A converted image in a private repository starts lazily through the chart's
@@ -171,9 +122,7 @@ fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
 
     // Without the secret: refused at the registry, the pod stays waiting for its image.
     cluster.kubectl_apply(&app_pod("no-secret", &image, None));
-    wait_pod(
-        &cluster,
-        &release,
+    release.wait_pod(
         "no-secret",
         Duration::from_secs(60),
         "in ErrImagePull",
@@ -198,14 +147,7 @@ fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
     ]);
     let before = proxy.blob_bytes();
     cluster.kubectl_apply(&app_pod("app", &image, Some("regcred")));
-    wait_pod(
-        &cluster,
-        &release,
-        "app",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+    release.wait_pod("app", Duration::from_secs(90), "Ready", is_ready);
     let logs = cluster.kubectl_ok(&["logs", "app"]);
     assert!(logs.contains(HELLO), "the app printed {logs:?}");
     let sent = proxy.blob_bytes() - before;
@@ -220,7 +162,7 @@ fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
     );
     // The snapshotter mounted it lazily (its bootstrap, no layer unpacked), and the
     // pull came through the CRI proxy with the pod's credentials.
-    let metrics = agent_metrics(&cluster);
+    let metrics = agent_metrics(&cluster, 1);
     for line in [
         r#"tessera_agent_snapshotter_lazy_layers_total{kind="bootstrap"} 1"#,
         r#"tessera_agent_cri_pulls_total{credentials="yes",outcome="ok"} 1"#,
@@ -228,27 +170,6 @@ fn private_image_starts_lazily_through_the_chart_with_its_pull_secret() {
         assert!(metrics.contains(line), "no `{line}` in:\n{metrics}");
     }
     finish(cluster, release);
-}
-
-/// The end of every test: no container of the release panicked; the release is
-/// uninstalled, the cluster dropped, and the machine holds nothing of either.
-fn finish(cluster: KubeCluster, release: Release) {
-    release.assert_no_panics();
-    let footprint = cluster.footprint();
-    drop(release);
-    drop(cluster);
-    footprint.assert_clean();
-}
-
-/// The agent's metrics on node 1 (its metrics port on the node's address).
-fn agent_metrics(cluster: &KubeCluster) -> String {
-    let url = format!("http://{}:9464/metrics", cluster.addrs.node(1));
-    let out = std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "5", &url])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "GET {url} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// (c) Images nobody converted: a plain image with an index beside it (`tessera
@@ -299,14 +220,7 @@ fn indexed_and_ordinary_images_start_through_the_chart() {
     let before = proxy.blob_bytes();
     let indexed = format!("{}/plain/indexed:v1", proxy.addr);
     cluster.kubectl_apply(&app_pod("indexed", &indexed, None));
-    wait_pod(
-        &cluster,
-        &release,
-        "indexed",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+    release.wait_pod("indexed", Duration::from_secs(90), "Ready", is_ready);
     let logs = cluster.kubectl_ok(&["logs", "indexed"]);
     assert!(logs.contains("(plain/indexed)"), "the app printed {logs:?}");
     let sent = proxy.blob_bytes() - before;
@@ -321,20 +235,13 @@ fn indexed_and_ordinary_images_start_through_the_chart() {
 
     let ordinary = format!("{}/plain/ordinary:v1", proxy.addr);
     cluster.kubectl_apply(&app_pod("ordinary", &ordinary, None));
-    wait_pod(
-        &cluster,
-        &release,
-        "ordinary",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+    release.wait_pod("ordinary", Duration::from_secs(90), "Ready", is_ready);
     let logs = cluster.kubectl_ok(&["logs", "ordinary"]);
     assert!(
         logs.contains("(plain/ordinary)"),
         "the app printed {logs:?}"
     );
-    let metrics = agent_metrics(&cluster);
+    let metrics = agent_metrics(&cluster, 1);
     let mirrored: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("tessera_agent_mirror_blob_bytes_total{"))
@@ -410,14 +317,7 @@ fn uninstall_leaves_the_node_as_operations_md_says() {
     let mut release = Release::install(&cluster, "tessera", &paths, &values);
     release.configure_node(&mut cluster, 0);
     cluster.kubectl_apply(&app_pod("app", &image, None));
-    wait_pod(
-        &cluster,
-        &release,
-        "app",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+    release.wait_pod("app", Duration::from_secs(90), "Ready", is_ready);
     cluster.kubectl_ok(&["delete", "pod", "app", "--wait=true"]);
     release.assert_no_panics();
 
@@ -512,14 +412,7 @@ fn uninstall_leaves_the_node_as_operations_md_says() {
         &format!("{}/src/app:v1", registry.addr),
         None,
     ));
-    wait_pod(
-        &cluster,
-        &release,
-        "after",
-        Duration::from_secs(90),
-        "Ready",
-        is_ready,
-    );
+    release.wait_pod("after", Duration::from_secs(90), "Ready", is_ready);
     let footprint = cluster.footprint();
     drop(release);
     drop(cluster);
@@ -647,14 +540,7 @@ impl Reading {
         let node_name = cluster.nodes()[0].name.clone();
         release.configure_node(&mut cluster, 0);
         cluster.kubectl_apply(&app_pod("reader", &image, None));
-        wait_pod(
-            &cluster,
-            &release,
-            "reader",
-            Duration::from_secs(90),
-            "Ready",
-            is_ready,
-        );
+        release.wait_pod("reader", Duration::from_secs(90), "Ready", is_ready);
         Reading {
             cluster,
             release,

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use support::chart::{NodePaths, Release};
+use support::chart::{agent_metrics, finish, metric_sum, NodePaths, Release, TestPod};
 use support::fault_proxy::FaultProxy;
 use support::kube::{ImageGc, KubeCluster, KubeOptions};
 use support::oci::{self, pseudo_random, require_tool};
@@ -98,23 +98,12 @@ fn layout(work: &Path, name: &str, seed: u64) -> (PathBuf, [String; 2]) {
 /// A pod `name` of `app` that reads both its files whole (printing their sums), then
 /// waits until it is deleted.
 fn reader_pod(name: &str, app: &App) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: {image}
-      imagePullPolicy: IfNotPresent
-      command: ["/bin/sh", "-c", "trap 'exit 0' TERM; sha256sum /data/big /data/shared; echo read; while :; do sleep 1; done"]
-"#,
-        image = app.image
+    TestPod::new(
+        name,
+        &app.image,
+        "trap 'exit 0' TERM; sha256sum /data/big /data/shared; echo read; while :; do sleep 1; done",
     )
+    .manifest()
 }
 
 /// Waits until pod `name`'s log says it read both files, and checks their sums.
@@ -215,21 +204,7 @@ fn containers_of(cluster: &KubeCluster, repo: &str) -> usize {
 
 /// Node 1's agent's metric `name` (summed over its series with `label`).
 fn agent_metric(cluster: &KubeCluster, name: &str, label: &str) -> f64 {
-    let url = format!("http://{}:9464/metrics", cluster.addrs.node(1));
-    let out = std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "5", &url])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "GET {url} failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(['{', ' ']))
-                && l.contains(label)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric_sum(&agent_metrics(cluster, 1), name, label)
 }
 
 /// The kubelet's log lines about image garbage collection.
@@ -247,16 +222,6 @@ fn kubelet_gc_lines(cluster: &KubeCluster) -> String {
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
-}
-
-/// The end of every test: no container of the release panicked; the release is
-/// uninstalled, the cluster dropped, and the machine holds nothing of either.
-fn finish(cluster: KubeCluster, release: Release) {
-    release.assert_no_panics();
-    let footprint = cluster.footprint();
-    drop(release);
-    drop(cluster);
-    footprint.assert_clean();
 }
 
 /// (h) Two converted images sharing a file: A's pod runs on, B's pod reads its files

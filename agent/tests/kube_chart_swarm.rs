@@ -23,7 +23,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use support::chart::{NodePaths, Release, NAMESPACE};
+use support::chart::{metric_sum, NodePaths, Release, TestPod, NAMESPACE};
 use support::fault_proxy::{Fault, FaultProxy, Rule};
 use support::kube::KubeCluster;
 use support::kube::KubeOptions;
@@ -128,31 +128,19 @@ scheduler:
 
     /// Creates pod `name` on `node`, which prints the big file's sha256 and ends.
     fn run_reader(&self, name: &str, node: &str) {
-        self.cluster.kubectl_apply(&format!(
-            r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: {name}
-  namespace: default
-spec:
-  nodeSelector:
-    kubernetes.io/hostname: {node}
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: {image}
-      imagePullPolicy: IfNotPresent
-      command: ["/bin/sh", "-c", "sha256sum /data/big"]
-"#,
-            image = self.image
-        ));
+        self.cluster.kubectl_apply(
+            &TestPod {
+                node: Some(node),
+                ..TestPod::new(name, &self.image, "sha256sum /data/big")
+            }
+            .manifest(),
+        );
     }
 
     /// Waits for pod `name` to end, then checks that it ended well and printed the big
     /// file's sha256.
     fn wait_reader(&self, name: &str) {
-        let phase = self.wait_pod(name, POD_DONE, "done", |p| {
+        let phase = self.release.wait_pod(name, POD_DONE, "done", |p| {
             matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
         });
         let logs = self.cluster.kubectl_ok(&["logs", name]);
@@ -166,42 +154,13 @@ spec:
         );
     }
 
-    /// Waits until `check` holds of `kubectl get pod NAME -o json`, which it returns;
-    /// panics with the pod and the release after `within`.
-    fn wait_pod(
-        &self,
-        name: &str,
-        within: Duration,
-        what: &str,
-        check: impl Fn(&serde_json::Value) -> bool,
-    ) -> serde_json::Value {
-        let deadline = Instant::now() + within;
-        loop {
-            let out = self.cluster.kubectl(&["get", "pod", name, "-o", "json"]);
-            let pod: serde_json::Value =
-                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-            if check(&pod) {
-                return pod;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pod {name} is not {what} after {within:?}:\n{:#}\n--- release ---\n{}",
-                pod["status"],
-                self.release.describe()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
     /// Node `n`'s (1-based) agent's `tessera_agent_bytes_total` for `source`.
     fn agent_bytes(&self, n: u8, source: &str) -> f64 {
-        let metrics = self.agent_metrics(n);
-        let label = format!("source=\"{source}\"");
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("tessera_agent_bytes_total{") && l.contains(&label))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .fold(0.0, |a, b| a + b)
+        metric_sum(
+            &self.agent_metrics(n),
+            "tessera_agent_bytes_total",
+            &format!("source=\"{source}\""),
+        )
     }
 
     /// Node `n`'s (1-based) agent's metrics, on the node's address (node 2's is routed
@@ -418,8 +377,8 @@ fn busybox_data_layout(work: &Path, big: Vec<u8>) -> std::path::PathBuf {
     layout
 }
 
-/// The end of every test: no container of the release panicked; the release is
-/// uninstalled, the cluster dropped, and the machine holds nothing of either.
+/// The end of every test ([`support::chart::finish`]), the registry's proxy gone with
+/// the cluster.
 fn finish(swarm: Swarm) {
     let Swarm {
         cluster,
@@ -429,12 +388,8 @@ fn finish(swarm: Swarm) {
         _work,
         ..
     } = swarm;
-    release.assert_no_panics();
-    let footprint = cluster.footprint();
-    drop(release);
-    drop(cluster);
+    support::chart::finish(cluster, release);
     drop(proxy);
-    footprint.assert_clean();
 }
 
 fn mib(bytes: f64) -> f64 {

@@ -471,3 +471,145 @@ impl Drop for Release {
         }
     }
 }
+
+/// A one-container pod in namespace `default` for the chart's tests: `image` running
+/// `script` with its `/bin/sh`, never restarted, gone a second after SIGTERM.
+#[derive(Debug, Clone, Copy)]
+pub struct TestPod<'a> {
+    pub name: &'a str,
+    pub image: &'a str,
+    pub script: &'a str,
+    /// On this node only (`kubernetes.io/hostname`).
+    pub node: Option<&'a str>,
+    pub pull_secret: Option<&'a str>,
+    /// `imagePullPolicy: Always` (each start pulls, with the pod's credentials); else
+    /// `IfNotPresent`.
+    pub always_pull: bool,
+}
+
+impl<'a> TestPod<'a> {
+    pub fn new(name: &'a str, image: &'a str, script: &'a str) -> TestPod<'a> {
+        TestPod {
+            name,
+            image,
+            script,
+            node: None,
+            pull_secret: None,
+            always_pull: false,
+        }
+    }
+
+    pub fn manifest(&self) -> String {
+        let mut spec = String::new();
+        if let Some(node) = self.node {
+            spec += &format!("  nodeSelector:\n    kubernetes.io/hostname: {node}\n");
+        }
+        if let Some(secret) = self.pull_secret {
+            spec += &format!("  imagePullSecrets:\n    - name: {secret}\n");
+        }
+        let policy = if self.always_pull {
+            "Always"
+        } else {
+            "IfNotPresent"
+        };
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+{spec}  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {image}
+      imagePullPolicy: {policy}
+      command: ["/bin/sh", "-c", {script}]
+"#,
+            name = self.name,
+            image = self.image,
+            script = serde_json::Value::from(self.script),
+        )
+    }
+}
+
+impl Release {
+    /// Waits until `check` holds of pod `name` in namespace `default` (`kubectl get pod
+    /// NAME -o json`, `Null` while there is none) and returns the pod; panics with the
+    /// pod and the release after `within`.
+    pub fn wait_pod(
+        &self,
+        name: &str,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let out = self.kubectl(&["-n", "default", "get", "pod", name, "-o", "json"]);
+            let pod: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            if check(&pod) {
+                return pod;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} is not {what} after {within:?}:\n{:#}\n--- release ---\n{}",
+                pod["status"],
+                self.describe()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+/// Whether a pod (as `kubectl get pod -o json` gives it) is Ready.
+pub fn is_ready(pod: &serde_json::Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Why a pod's first container waits (`ErrImagePull`, …), if it does.
+pub fn waiting_reason(pod: &serde_json::Value) -> Option<String> {
+    pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Node `n`'s (1-based) agent's metrics, from its metrics port on the node's address.
+pub fn agent_metrics(cluster: &KubeCluster, n: u8) -> String {
+    let url = format!("http://{}:9464/metrics", cluster.addrs.node(n));
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "5", &url])
+        .output()
+        .expect("run curl");
+    assert!(out.status.success(), "GET {url} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The sum of the series of metric `name` in `metrics` whose labels contain `label`
+/// (`""`: every series).
+pub fn metric_sum(metrics: &str, name: &str, label: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                && l.contains(label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The end of a chart test: no container of the release panicked; the release is
+/// uninstalled, the cluster dropped, and the machine holds nothing of either.
+pub fn finish(cluster: KubeCluster, release: Release) {
+    release.assert_no_panics();
+    let footprint = cluster.footprint();
+    drop(release);
+    drop(cluster);
+    footprint.assert_clean();
+}
