@@ -47,13 +47,13 @@ struct ServeArgs {
     /// Address of the gRPC service agents talk to.
     #[arg(long, env = "TESSERA_SCHEDULER_LISTEN", default_value = "0.0.0.0:7080")]
     listen: std::net::SocketAddr,
-    /// Seconds a host stays registered without a heartbeat (at least 1).
-    #[arg(long, default_value = "30")]
-    lease_secs: std::num::NonZeroU64,
+    /// Seconds a host stays registered without a heartbeat.
+    #[arg(long, default_value_t = 30)]
+    lease_secs: u64,
     /// Hosts sent to the origin at once for a range nobody holds yet (1: the origin
     /// sends each range about once; more: redundancy against a slow first fetcher).
-    #[arg(long, default_value = "1")]
-    origin_fetchers: std::num::NonZeroUsize,
+    #[arg(long, default_value_t = 1)]
+    origin_fetchers: usize,
     /// A file holding the bearer token every agent must present (the agents'
     /// `p2p.token_file`). Without it, any client may use the service.
     #[arg(long, env = "TESSERA_SCHEDULER_TOKEN_FILE", value_name = "FILE")]
@@ -150,8 +150,8 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let swarm = Arc::new(Mutex::new(Swarm::new(SwarmConfig {
-        lease: Duration::from_secs(cli.lease_secs.get()),
-        origin_fetchers: cli.origin_fetchers.get(),
+        lease: Duration::from_secs(cli.lease_secs),
+        origin_fetchers: cli.origin_fetchers,
         ..SwarmConfig::default()
     })));
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -221,7 +221,7 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         // Forget hosts whose lease ran out, and fail their preheat parts, once a second.
         let (expiring, jobs) = (swarm.clone(), preheats.clone());
         // A host gone this long (two leases) is not coming back soon.
-        let grace = Duration::from_secs(cli.lease_secs.get().saturating_mul(2));
+        let grace = Duration::from_secs(cli.lease_secs.saturating_mul(2));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {

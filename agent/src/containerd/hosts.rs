@@ -98,22 +98,6 @@ fn check_registry(r: &str) -> Result<()> {
     }
 }
 
-/// The mirror endpoint must be an `http://` or `https://` URL with a host: containerd
-/// would take anything else for a host name of its own and fail every pull later.
-fn check_mirror(m: &str) -> Result<()> {
-    let ok = reqwest::Url::parse(m).is_ok_and(|u| {
-        matches!(u.scheme(), "http" | "https") && u.host_str().is_some_and(|h| !h.is_empty())
-    });
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Setting {
-            setting: "--mirror".into(),
-            problem: format!("{m:?} is not the mirror's URL (like http://127.0.0.1:7082)"),
-        })
-    }
-}
-
 fn targets(c: &HostsConfig) -> Result<Vec<(String, Option<String>)>> {
     let mut out = Vec::new();
     for r in &c.registries {
@@ -142,7 +126,6 @@ fn is_ours(path: &Path) -> bool {
 
 /// Writes the hosts files; re-running with the same settings changes nothing.
 pub fn apply(c: &HostsConfig) -> Result<Vec<FileChange>> {
-    check_mirror(&c.mirror)?;
     let mut changes = Vec::new();
     for (dir, registry) in targets(c)? {
         let path = c.certs_dir.join(&dir).join("hosts.toml");
@@ -718,32 +701,6 @@ mod tests {
             .to_string();
         assert!(err.contains("version 4 is not supported"), "{err}");
         assert!(err.contains("version 3"), "{err}");
-    }
-
-    #[test]
-    fn a_mirror_that_is_not_a_url_is_refused_and_nothing_written() {
-        let t = tempfile::tempdir().unwrap();
-        for bad in [
-            "notaurl",
-            "127.0.0.1:7082",
-            "ftp://127.0.0.1:7082",
-            "http://",
-        ] {
-            let mut c = config(t.path());
-            c.mirror = bad.into();
-            let err = apply(&c).unwrap_err().to_string();
-            assert!(
-                err.contains("--mirror") && err.contains(bad),
-                "{bad}: {err}"
-            );
-            assert!(
-                std::fs::read_dir(t.path()).unwrap().next().is_none(),
-                "{bad}: something was written"
-            );
-        }
-        let mut c = config(t.path());
-        c.mirror = "https://mirror.internal:7082".into();
-        assert!(apply(&c).is_ok());
     }
 
     #[test]
