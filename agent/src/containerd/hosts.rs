@@ -296,15 +296,15 @@ pub fn config_version(path: &Path) -> Option<ConfigVersion> {
 
 /// `text` (containerd's `config.toml`, version 2 or 3) with the Tessera snapshotter
 /// `c`: the proxy plugin `tessera` at its socket, exporting its root, the CRI image
-/// settings (where the file's
-/// version keeps them) using it with snapshot annotations on (the snapshotter needs
-/// the image and layer of each snapshot), and the native runtime handler
+/// settings (where the file's version keeps them) using it with snapshot annotations
+/// on (the snapshotter needs the image and layer of each snapshot), and the native
+/// runtime handler
 /// (see [`NATIVE_RUNTIME`]): a copy of the default runtime's settings on the
 /// snapshotter the file used before. Everything else, comments included, is kept. An
 /// empty file becomes version 2, which both containerd lines read.
 pub fn with_snapshotter(text: &str, c: &SnapshotterConfig<'_>) -> Result<String> {
-    let native_runtime = c.native_runtime;
     use toml_edit::{value, DocumentMut, Item, Table};
+    let native_runtime = c.native_runtime;
     let bad = |reason: String| Error::Config {
         path: PathBuf::from("containerd config.toml"),
         reason,
@@ -365,12 +365,9 @@ pub fn with_snapshotter(text: &str, c: &SnapshotterConfig<'_>) -> Result<String>
         .to_string();
     let runtimes = table(runtime, "runtimes")?;
     if native_runtime == default {
-        return Err(Error::Config {
-            path: PathBuf::from("containerd config.toml"),
-            reason: format!(
-                "the native runtime handler `{native_runtime}` is the default runtime: name another (`--native-runtime`)"
-            ),
-        });
+        return Err(bad(format!(
+            "the native runtime handler `{native_runtime}` is the default runtime: name another (`--native-runtime`)"
+        )));
     }
     // Written once: a later run keeps the handler (and the snapshotter it names) as is.
     if !runtimes.contains_key(native_runtime) {
